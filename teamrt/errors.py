@@ -1,0 +1,100 @@
+"""Every exception teamrt raises, in one tree.
+
+Each error says whose fault it is: the caller's (bad arguments, unknown names), a peer's (another
+agent answered with an error, or not in time), the environment's (disk full, fsync failed), or the
+data's (a line in an inbox that cannot be decoded is quarantined, never raised).
+
+    TeamrtError
+    ├── UsageError(ValueError)               the caller passed something invalid
+    │   ├── InvalidName                      an agent or team name outside the safe charset
+    │   ├── EnvelopeTooLarge                 an encoded envelope over the size limit
+    │   ├── PayloadError                     a body that fails its registered payload model
+    │   └── UnknownRecipient(LookupError)    no such member in the roster
+    ├── MailboxClosed(RuntimeError)          the mailboxes were used after close
+    ├── StoreError(OSError)                  the disk refused: nothing was half-written
+    │   ├── DiskFull                         ENOSPC/EFBIG; the inbox was rolled back
+    │   └── DurabilityError                  fsync failed: the send is NOT acknowledged
+    ├── ReceiveTimeout(TimeoutError)         nothing arrived in an inbox in time
+    ├── RequestTimeout(TimeoutError)         a peer did not answer before the deadline
+    └── RemoteError                          a peer answered with an error response
+
+Third-party exceptions (OSError from the file system, pydantic's ValidationError) are translated
+into these at the one boundary where they occur.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from teamrt.envelopes import Envelope
+
+
+class TeamrtError(Exception):
+    """Base class of every error teamrt raises."""
+
+
+class UsageError(TeamrtError, ValueError):
+    """The caller passed something invalid."""
+
+
+class InvalidName(UsageError):
+    """An agent or team name that is not a safe file name (see `teamrt.names`)."""
+
+
+class EnvelopeTooLarge(UsageError):
+    """An encoded envelope is larger than the store accepts; nothing was written."""
+
+
+class PayloadError(UsageError):
+    """An envelope body does not validate against the payload model registered for its type."""
+
+
+class UnknownRecipient(UsageError, LookupError):
+    """The recipient is not a member of the team's roster; no inbox was created for it."""
+
+
+class MailboxClosed(TeamrtError, RuntimeError):
+    """The mailboxes (or an inbox) were used after they were closed."""
+
+
+class StoreError(TeamrtError, OSError):
+    """The store could not complete an operation. Nothing partial was left behind."""
+
+
+class DiskFull(StoreError):
+    """The disk is full (or the file size limit was hit); the inbox was rolled back."""
+
+
+class DurabilityError(StoreError):
+    """fsync failed. The envelope may be in the file but was not acknowledged as durable.
+
+    A failed fsync is never retried into a false success (after a writeback error Linux reports
+    the error once and marks the pages clean, so a second fsync would "succeed").
+    """
+
+
+class ReceiveTimeout(TeamrtError, TimeoutError):
+    """`Inbox.receive(timeout=...)` found nothing before the timeout."""
+
+
+class RequestTimeout(TeamrtError, TimeoutError):
+    """No response arrived before the request's timeout.
+
+    The request stays in the callee's inbox; a response that arrives later is delivered to the
+    requester's inbox as an ordinary envelope (and counted as late), never dropped.
+    """
+
+    def __init__(self, message: str, request: Envelope) -> None:
+        super().__init__(message)
+        self.request = request
+
+
+class RemoteError(TeamrtError):
+    """The callee answered a request with an error response."""
+
+    def __init__(self, error_type: str, message: str, response: Envelope) -> None:
+        super().__init__(f"{response.sender} failed: {error_type}: {message}")
+        self.error_type = error_type
+        self.remote_message = message
+        self.response = response

@@ -1,0 +1,310 @@
+"""The inbox log format, with no I/O: encoding, torn-tail-aware decoding and cursor arithmetic.
+
+Theory of operation. An inbox is a sequence of JSON lines. A sender encodes an envelope once,
+outside any lock, without `seq` and `team`; under the inbox lock the store splices those two in
+front (`stamp`) and appends the line. A reader feeds whatever bytes it read to a `LineDecoder`,
+which yields one item per complete line, a decoded `Record` or a `Corrupt` line with its offset and
+reason, and keeps an unterminated tail for the next feed, because a tail without its newline may be
+a write still in progress. An `AckTracker` turns per-envelope acks into a committed `Cursor`: the
+offset before which everything is handled, plus the ids acked beyond it and the recent ids used to
+drop duplicates.
+
+Nothing here may touch a file, a lock or the event loop; everything is tested in memory.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from teamrt.envelopes import (
+    ENVELOPE_ADAPTER,
+    Broadcast,
+    Envelope,
+    Message,
+    Request,
+    Response,
+    payload_model,
+)
+
+#: Lines longer than this are quarantined unread (the whole line, up to this many bytes, is kept).
+DEFAULT_MAX_LINE = 1 << 20
+#: How many recently handled ids the committed cursor keeps for dropping duplicates.
+RECENT_IDS_PERSISTED = 128
+
+_ENCODE_EXCLUDE = frozenset({"seq", "team"})
+_MODEL_BY_KIND: dict[bytes, type[Envelope]] = {
+    b"mess": Message, b"requ": Request, b"resp": Response, b"broa": Broadcast,
+}
+
+
+# --- encoding ---------------------------------------------------------------------------------
+
+
+def encode(envelope: Envelope) -> bytes:
+    """The envelope as compact JSON without `seq` and `team` (filled in by `stamp`), no newline."""
+    serializer = type(envelope).__pydantic_serializer__
+    return serializer.to_json(envelope, exclude=_ENCODE_EXCLUDE)  # type: ignore[no-any-return]
+
+
+def stamp(encoded: bytes, seq: int, team: bytes) -> bytes:
+    """One complete log line: `encoded` with `seq` and `team` in front, newline-terminated.
+
+    `team` must be a validated name (no characters that need JSON escaping).
+    """
+    return b'{"seq":%d,"team":"%b",%b\n' % (seq, team, encoded[1:])
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A decoded envelope and the byte range of its line."""
+
+    envelope: Envelope
+    offset: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Corrupt:
+    """A complete line that could not be decoded. It is quarantined, never delivered."""
+
+    offset: int
+    end: int
+    reason: str
+    raw: bytes
+
+
+def decode_line(line: bytes) -> Envelope | str:
+    """Decode one line (without its newline): the envelope, or the reason it is unusable."""
+    start = line.find(b'"kind":"')
+    model = _MODEL_BY_KIND.get(line[start + 8 : start + 12]) if start >= 0 else None
+    try:
+        envelope: Envelope = (
+            model.model_validate_json(line) if model is not None
+            else ENVELOPE_ADAPTER.validate_json(line)
+        )
+    except ValidationError as exc:
+        if model is not None:  # the fast guess may be wrong: let the union give the real reason
+            try:
+                envelope = ENVELOPE_ADAPTER.validate_json(line)
+            except ValidationError as exc2:
+                return _reason(exc2)
+        else:
+            return _reason(exc)
+    if envelope.seq is None:
+        return "schema: seq: field required"
+    registered = payload_model(envelope.type)
+    if registered is not None:
+        try:
+            registered.model_validate(envelope.body)
+        except ValidationError as exc:
+            return "payload: " + _reason(exc).partition(": ")[2]
+    return envelope
+
+
+def _reason(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":
+        return f"json: {first['msg']}"
+    where = ".".join(str(part) for part in first["loc"]) or "envelope"
+    return f"schema: {where}: {first['msg']}"
+
+
+class LineDecoder:
+    """Incremental decoder over a byte stream that starts at `offset`.
+
+    `feed()` accepts any split of the stream and returns the same items as feeding it whole.
+    It never raises on bad data, and holds at most `max_line` bytes of an unterminated tail.
+    """
+
+    __slots__ = ("_kept", "_max_line", "_skip_start", "_skipping", "_tail", "offset")
+
+    def __init__(self, offset: int = 0, *, max_line: int = DEFAULT_MAX_LINE) -> None:
+        self.offset = offset  # stream offset of the first byte not yet fed
+        self._max_line = max_line
+        self._tail = b""
+        self._skipping = False  # inside an over-long line: keep only its first bytes
+        self._skip_start = 0
+        self._kept = b""
+
+    @property
+    def pending(self) -> int:
+        """Bytes held back because their line has no newline yet."""
+        return len(self._tail)
+
+    @property
+    def position(self) -> int:
+        """Offset just after the last complete line seen."""
+        return self._skip_start if self._skipping else self.offset - len(self._tail)
+
+    def feed(self, data: bytes) -> list[Record | Corrupt]:
+        items: list[Record | Corrupt] = []
+        if not data:
+            return items
+        base = self.offset - len(self._tail)
+        self.offset += len(data)
+        buf = self._tail + data if self._tail else data
+        last_nl = buf.rfind(b"\n")
+        if last_nl < 0:
+            self._hold(buf, base)
+            return items
+        pos = 0
+        if self._skipping:
+            # the rest of an over-long line: report it once, with the bytes we kept
+            nl = buf.find(b"\n")
+            items.append(Corrupt(self._skip_start, base + nl + 1,
+                                 f"line longer than {self._max_line} bytes", self._kept))
+            self._skipping = False
+            pos = nl + 1
+            self._tail = b""
+        for line in buf[pos:last_nl].split(b"\n") if pos <= last_nl else ():
+            end = pos + len(line) + 1
+            if len(line) > self._max_line:
+                items.append(Corrupt(base + pos, base + end,
+                                     f"line longer than {self._max_line} bytes",
+                                     line[: self._max_line]))
+            elif line.strip():
+                decoded = decode_line(line)
+                if isinstance(decoded, str):
+                    items.append(Corrupt(base + pos, base + end, decoded, line))
+                else:
+                    items.append(Record(decoded, base + pos, base + end))
+            pos = end
+        self._hold(buf[last_nl + 1 :], base + last_nl + 1)
+        return items
+
+    def _hold(self, rest: bytes, rest_offset: int) -> None:
+        if self._skipping:
+            return
+        if len(rest) > self._max_line:
+            self._skipping = True
+            self._skip_start = rest_offset
+            self._kept = rest[: self._max_line]
+            self._tail = b""
+        else:
+            self._tail = rest
+
+
+def decode_all(data: bytes, *, max_line: int = DEFAULT_MAX_LINE) -> tuple[list[Record | Corrupt], int]:
+    """Decode a whole buffer; returns the items and the number of trailing unterminated bytes."""
+    decoder = LineDecoder(max_line=max_line)
+    items = decoder.feed(data)
+    return items, decoder.offset - decoder.position
+
+
+# --- cursor arithmetic ------------------------------------------------------------------------
+
+Position = tuple[int, int]  # (segment number, byte offset within it)
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """What an inbox's owner has handled: everything before `(segment, offset)`, plus `acked`.
+
+    `seq` is the seq of the last envelope before the offset (-1 if none), used to report lag.
+    `recent` holds the most recently handled ids; an envelope carrying one of them again (a
+    sender that retried after a crash) is a duplicate and is dropped.
+    """
+
+    segment: int = 0
+    offset: int = 0
+    seq: int = -1
+    acked: tuple[str, ...] = ()
+    recent: tuple[str, ...] = ()
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"v": 1, "segment": self.segment, "offset": self.offset, "seq": self.seq,
+                "acked": list(self.acked), "recent": list(self.recent)}
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> Cursor:
+        return cls(int(data["segment"]), int(data["offset"]), int(data.get("seq", -1)),
+                   tuple(data.get("acked", ())), tuple(data.get("recent", ())))
+
+
+@dataclass(slots=True)
+class _Pending:
+    id: str | None
+    end: Position
+    seq: int
+    done: bool
+
+
+@dataclass
+class AckTracker:
+    """Turns deliveries and acks (in any order) into the cursor to commit.
+
+    Every item read from the log must pass through it in log order, as `delivered` (an envelope
+    the owner will ack) or `skipped` (a corrupt line or a duplicate, handled at once).
+    """
+
+    committed: Cursor = field(default_factory=Cursor)
+    memory: int = 4096  # ids remembered in-process for dedup (the cursor persists fewer)
+    _pending: deque[_Pending] = field(default_factory=deque)
+    _by_id: dict[str, _Pending] = field(default_factory=dict)
+    _recent: deque[str] = field(default_factory=deque)
+    _persisted: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_IDS_PERSISTED))
+    _recent_set: set[str] = field(default_factory=set)
+    _acked_ahead: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._acked_ahead = set(self.committed.acked)
+        for id_ in self.committed.recent:
+            self._remember(id_)
+
+    def is_duplicate(self, id_: str) -> bool:
+        """True if `id_` was handled already (recently, or acked ahead of the cursor)."""
+        return id_ in self._recent_set or id_ in self._by_id or id_ in self._acked_ahead
+
+    def delivered(self, id_: str, end: Position, seq: int) -> None:
+        entry = _Pending(id_, end, seq, False)
+        self._pending.append(entry)
+        self._by_id[id_] = entry
+
+    def skipped(self, end: Position, seq: int | None = None, id_: str | None = None) -> None:
+        """An item handled without the owner's ack: a corrupt line, a duplicate, an acked id."""
+        self._pending.append(_Pending(id_, end, -1 if seq is None else seq, True))
+
+    def ack(self, id_: str) -> bool:
+        """Mark `id_` handled; True if the committed cursor moves (or the acked set grows)."""
+        entry = self._by_id.pop(id_, None)
+        if entry is None:
+            return False
+        entry.done = True
+        self._acked_ahead.add(id_)
+        self._remember(id_)
+        return True
+
+    def cursor(self) -> Cursor:
+        """Advance over the handled prefix and return the cursor to commit."""
+        segment, offset, seq = self.committed.segment, self.committed.offset, self.committed.seq
+        pending = self._pending
+        while pending and pending[0].done:
+            entry = pending.popleft()
+            (segment, offset) = entry.end
+            if entry.seq >= 0:
+                seq = entry.seq
+            if entry.id is not None:
+                self._acked_ahead.discard(entry.id)
+        self.committed = Cursor(segment, offset, seq, tuple(sorted(self._acked_ahead)),
+                                tuple(self._persisted))
+        return self.committed
+
+    @property
+    def unacked(self) -> int:
+        return len(self._by_id)
+
+    def _remember(self, id_: str) -> None:
+        if id_ in self._recent_set:
+            return
+        self._recent.append(id_)
+        self._persisted.append(id_)
+        self._recent_set.add(id_)
+        if len(self._recent) > self.memory:
+            self._recent_set.discard(self._recent.popleft())

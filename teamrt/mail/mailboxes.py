@@ -1,0 +1,467 @@
+"""Mailboxes: sending, receiving, acks, request/response and broadcast over any store.
+
+Theory of operation. `send` encodes an envelope once and has the store append it; a receiver in the
+same process is woken directly, one in another process by the store's watcher (inotify), and a
+slow shared rescan covers lost notifications. An `Inbox` belongs to one owner: it reads new lines
+from its cursor, routes responses to the `request` calls awaiting them (dropping duplicates),
+queues everything else for `receive`, and turns acks into committed cursors. Duplicates (the same
+id again, after a sender retried) are dropped; corrupt lines are quarantined and skipped.
+
+Everything here is store-agnostic: no file or lock is touched in this module.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+from anyio import WouldBlock
+from anyio.abc import TaskGroup
+
+from teamrt.envelopes import Broadcast, Envelope, ErrorBody, Request, Response, validate_body
+from teamrt.errors import (
+    EnvelopeTooLarge,
+    MailboxClosed,
+    ReceiveTimeout,
+    RemoteError,
+    RequestTimeout,
+    UsageError,
+)
+from teamrt.mail.filestore import DEFAULT_SEGMENT_BYTES, FileStore
+from teamrt.mail.log import AckTracker, Corrupt, encode
+from teamrt.mail.memory import MemoryStore
+from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Store
+
+DEFAULT_RESCAN_INTERVAL = 1.0
+_POLL_INTERVAL = 0.05  # where the platform has no file notifications
+_REMEMBERED_REQUESTS = 4096
+
+
+class _BoundedSet:
+    """Remembers the most recent `size` keys."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._keys: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, key: str) -> None:
+        self._keys[key] = None
+        if len(self._keys) > self._size:
+            self._keys.popitem(last=False)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+
+@dataclass(frozen=True, slots=True)
+class InboxStatistics:
+    """A snapshot of one inbox's counters in this process."""
+
+    name: str
+    ready: int  # read and waiting for receive()
+    unacked: int  # delivered (or ready) and not acked yet
+    pending_requests: int  # requests from this agent awaiting their response
+    quarantined: int  # corrupt lines skipped since open
+    duplicates_dropped: int  # envelopes with an id already handled
+    duplicate_responses: int  # second answers to an already answered request
+    late_responses: int  # answers that arrived after their request timed out
+
+
+class _Reply:
+    __slots__ = ("response",)
+
+    def __init__(self) -> None:
+        self.response: Response | None = None
+
+
+class Inbox:
+    """One agent's inbox, owned by this process: `receive`, `receive_nowait`, `ack`.
+
+    Acks are per envelope and may come in any order; the committed cursor covers the handled
+    prefix plus the ids acked beyond it, so after a restart exactly the unacked envelopes come
+    again.
+    """
+
+    def __init__(self, mailboxes: Mailboxes, name: str) -> None:
+        self.name = name
+        self._mailboxes = mailboxes
+        store = mailboxes.store
+        self._reader = store.reader(name)
+        cursor = self._reader.load_cursor()
+        self._reader.seek(cursor)
+        self._tracker = AckTracker(cursor)
+        self._ready: deque[Envelope] = deque()
+        self._event: anyio.Event | None = None
+        self._pending: dict[str, _Reply] = {}
+        self._answered = _BoundedSet(_REMEMBERED_REQUESTS)
+        self._timed_out = _BoundedSet(_REMEMBERED_REQUESTS)
+        self._quarantined = self._duplicates = self._duplicate_responses = self._late = 0
+        self._closed = False
+        store.watch_inbox(name)
+
+    # -- receiving --
+
+    def receive_nowait(self) -> Envelope:
+        """The next envelope, or raise `anyio.WouldBlock` if none is there yet."""
+        if not self._ready:
+            if self._closed:
+                raise MailboxClosed(f"{self.name}'s inbox is closed")
+            self._fill(all_of_it=False)
+            if not self._ready:
+                raise WouldBlock
+        return self._ready.popleft()
+
+    async def receive(self, timeout: float | None = None) -> Envelope:
+        """Wait for the next envelope; raise `ReceiveTimeout` after `timeout` seconds."""
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return self.receive_nowait()
+            except WouldBlock:
+                pass
+            if not await self._wait(deadline):
+                raise ReceiveTimeout(f"nothing arrived in {self.name}'s inbox within {timeout:g}s")
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Envelope:
+        return await self.receive()
+
+    async def ack(self, *envelopes: Envelope) -> None:
+        """Mark envelopes handled and commit the cursor (once for all of them)."""
+        tracker = self._tracker
+        changed = False
+        for envelope in envelopes:
+            changed = tracker.ack(envelope.id) or changed
+        if changed:
+            await self._commit()
+
+    def statistics(self) -> InboxStatistics:
+        return InboxStatistics(
+            self.name, len(self._ready), self._tracker.unacked, len(self._pending),
+            self._quarantined, self._duplicates, self._duplicate_responses, self._late,
+        )
+
+    # -- internals shared with Mailboxes --
+
+    async def _commit(self) -> None:
+        cursor = self._tracker.cursor()
+        if self._mailboxes.store.durability == "fsync":
+            await anyio.to_thread.run_sync(self._reader.commit, cursor)
+        else:
+            self._reader.commit(cursor)
+
+    def _signal(self) -> None:
+        event = self._event
+        if event is not None:
+            self._event = None
+            event.set()
+
+    def _has_new(self) -> bool:
+        return self._event is not None and self._reader.has_new()
+
+    async def _wait(self, deadline: float) -> bool:
+        """Wait for a wake-up; False once `deadline` (monotonic) has passed."""
+        event = self._event
+        if event is None:
+            event = self._event = anyio.Event()
+        if self._ready or self._reader.has_new():  # arrived before the event existed
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        with anyio.move_on_after(remaining):
+            await event.wait()
+            return True
+        return False
+
+    def _fill(self, *, all_of_it: bool) -> bool:
+        """Read new lines and sort them; True if a pending request was answered."""
+        tracker = self._tracker
+        answered = acked = False
+        while True:
+            segment, items = self._reader.read()
+            if not items:
+                break
+            for item in items:
+                if isinstance(item, Corrupt):
+                    self._reader.quarantine(segment, item)
+                    tracker.skipped((segment, item.end))
+                    self._quarantined += 1
+                    continue
+                envelope = item.envelope
+                position = (segment, item.end)
+                if tracker.is_duplicate(envelope.id):
+                    tracker.skipped(position, envelope.seq, envelope.id)
+                    self._duplicates += 1
+                    continue
+                if isinstance(envelope, Response):
+                    request_id = envelope.in_reply_to
+                    reply = self._pending.pop(request_id, None)
+                    if reply is not None:
+                        reply.response = envelope
+                        self._answered.add(request_id)
+                        tracker.delivered(envelope.id, position, envelope.seq)  # type: ignore[arg-type]
+                        tracker.ack(envelope.id)
+                        answered = acked = True
+                        continue
+                    if request_id in self._answered:
+                        tracker.skipped(position, envelope.seq, envelope.id)
+                        self._duplicate_responses += 1
+                        continue
+                    if request_id in self._timed_out:
+                        self._late += 1
+                tracker.delivered(envelope.id, position, envelope.seq)  # type: ignore[arg-type]
+                self._ready.append(envelope)
+            if not all_of_it and self._ready:
+                break
+        if acked:
+            self._reader.commit(tracker.cursor())
+        if answered:
+            self._signal()  # requesters waiting on this inbox check their replies
+        return answered
+
+    def _close(self) -> None:
+        self._closed = True
+        self._reader.close()
+        self._signal()
+
+
+class Mailboxes:
+    """Every inbox of one team, over a store. Use as an async context manager.
+
+    `FileMailboxes` and `MemoryMailboxes` are the usual ways to make one.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        members: Iterable[str] = (),
+        rescan_interval: float = DEFAULT_RESCAN_INTERVAL,
+    ) -> None:
+        self.store = store
+        self._initial_members = tuple(members)
+        self._rescan_interval = rescan_interval
+        self._inboxes: dict[str, Inbox] = {}
+        self._task_group: TaskGroup | None = None
+        self._open = False
+
+    @property
+    def team(self) -> str:
+        return self.store.team
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.store.members(refresh=True)
+
+    async def __aenter__(self) -> Self:
+        await self.store.open(self._initial_members)
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        try:
+            await task_group.start(self._watch)
+            task_group.start_soon(self._rescan)
+        except BaseException:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
+            raise
+        self._task_group = task_group
+        self._open = True
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self._open = False
+        for inbox in self._inboxes.values():
+            inbox._close()
+        self._inboxes.clear()
+        try:
+            if self._task_group is not None:
+                self._task_group.cancel_scope.cancel()
+                await self._task_group.__aexit__(exc_type, exc, tb)
+        finally:
+            self._task_group = None
+            await self.store.close()
+        return None
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise MailboxClosed("the mailboxes are not open: use 'async with'")
+
+    async def add_member(self, name: str) -> None:
+        """Add `name` to the roster and create its inbox."""
+        self._check_open()
+        await self.store.add_member(name)
+
+    def inbox(self, name: str) -> Inbox:
+        """The inbox of member `name`, owned by this process (one object per name)."""
+        self._check_open()
+        inbox = self._inboxes.get(name)
+        if inbox is None:
+            inbox = self._inboxes[name] = Inbox(self, name)
+        return inbox
+
+    # -- sending --
+
+    def _encode(self, envelope: Envelope) -> bytes:
+        if envelope.team is not None and envelope.team != self.store.team:
+            raise UsageError(f"envelope is for team {envelope.team!r}, not {self.store.team!r}")
+        validate_body(envelope.type, envelope.body)
+        encoded = encode(envelope)
+        if len(encoded) > self.store.max_envelope:
+            raise EnvelopeTooLarge(
+                f"envelope {envelope.id} from {envelope.sender} is {len(encoded)} bytes encoded, "
+                f"over the limit of {self.store.max_envelope}; nothing was sent"
+            )
+        return encoded
+
+    async def send(self, envelope: Envelope) -> None:
+        """Append `envelope` to its recipient's inbox (every other member's, for a broadcast).
+
+        When this returns the envelope is in the log at the configured durability.
+        """
+        self._check_open()
+        encoded = self._encode(envelope)
+        if isinstance(envelope, Broadcast):
+            for member in self.store.members(refresh=True):
+                if member != envelope.sender:
+                    await self.store.append(member, encoded)
+                    self._wake(member)
+            return
+        await self.store.append(envelope.recipient, encoded)
+        self._wake(envelope.recipient)
+
+    async def send_many(self, envelopes: Sequence[Envelope]) -> None:
+        """Send several envelopes; consecutive ones to the same inbox share one locked write."""
+        self._check_open()
+        batch: list[bytes] = []
+        recipient = None
+        for envelope in envelopes:
+            if isinstance(envelope, Broadcast) or envelope.recipient != recipient:
+                if batch:
+                    await self._append_batch(recipient, batch)  # type: ignore[arg-type]
+                    batch = []
+                if isinstance(envelope, Broadcast):
+                    await self.send(envelope)
+                    recipient = None
+                    continue
+                recipient = envelope.recipient
+            batch.append(self._encode(envelope))
+        if batch:
+            await self._append_batch(recipient, batch)  # type: ignore[arg-type]
+
+    async def _append_batch(self, recipient: str, batch: list[bytes]) -> None:
+        await self.store.append_many(recipient, batch)
+        self._wake(recipient)
+
+    def _wake(self, name: str) -> None:
+        inbox = self._inboxes.get(name)
+        if inbox is not None:
+            inbox._signal()
+
+    # -- request / response --
+
+    async def request(self, envelope: Request, *, timeout: float | None = None) -> Response:
+        """Send a request and wait for its response, matched by id.
+
+        The sender must be a member whose inbox this process owns. Raises `RequestTimeout` when
+        no answer comes in time (a late answer still reaches the sender's inbox) and
+        `RemoteError` when the callee answers with an error response.
+        """
+        if not isinstance(envelope, Request):
+            raise UsageError(f"request() takes a request envelope, not a {envelope.kind}")
+        if timeout is None and envelope.deadline is not None:
+            timeout = max(0.0, envelope.deadline - time.time())
+        elif timeout is not None and envelope.deadline is None:
+            envelope = envelope.model_copy(update={"deadline": envelope.ts + timeout})
+        inbox = self.inbox(envelope.sender)
+        reply = _Reply()
+        inbox._pending[envelope.id] = reply
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        try:
+            await self.send(envelope)
+            while reply.response is None:
+                inbox._fill(all_of_it=True)
+                if reply.response is not None or not await inbox._wait(deadline):
+                    break
+        finally:
+            inbox._pending.pop(envelope.id, None)
+        response = reply.response
+        if response is None:
+            inbox._timed_out.add(envelope.id)
+            raise RequestTimeout(
+                f"no response from {envelope.recipient} to request {envelope.id} "
+                f"(type {envelope.type!r}) within {timeout:g}s; the request stays in "
+                f"{envelope.recipient}'s inbox and a late response will be delivered to "
+                f"{envelope.sender}'s inbox",
+                envelope,
+            )
+        if response.is_error:
+            body = ErrorBody.model_validate(response.body)
+            raise RemoteError(body.error, body.message, response)
+        return response
+
+    def statistics(self) -> dict[str, InboxStatistics]:
+        return {name: inbox.statistics() for name, inbox in self._inboxes.items()}
+
+    # -- background: notifications and the safety rescan --
+
+    async def _watch(self, *, task_status: Any) -> None:
+        await self.store.watch(self._wake, task_status=task_status)
+
+    async def _rescan(self) -> None:
+        interval = _POLL_INTERVAL if self.store.needs_polling else self._rescan_interval
+        while True:
+            await anyio.sleep(interval)
+            for inbox in list(self._inboxes.values()):
+                if inbox._has_new():
+                    inbox._signal()
+
+
+class FileMailboxes(Mailboxes):
+    """Mailboxes in a team directory on local disk (see mailboxes/README.md for the format).
+
+        async with FileMailboxes("mailboxes/demo", members=["lead", "writer"]) as mail:
+            await mail.send(Envelope.message("lead", "writer", "hello"))
+            envelope = await mail.inbox("writer").receive(timeout=5)
+
+    `durability="none"` (default) survives kill -9 of any process; `"fsync"` also survives power
+    loss, with concurrent senders sharing fsyncs.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = "none",
+        members: Iterable[str] = (),
+        rescan_interval: float = DEFAULT_RESCAN_INTERVAL,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        max_envelope: int = DEFAULT_MAX_ENVELOPE,
+        create: bool = True,
+    ) -> None:
+        store = FileStore(path, durability=durability, segment_bytes=segment_bytes,
+                          max_envelope=max_envelope, create=create)
+        super().__init__(store, members=members, rescan_interval=rescan_interval)
+        self.path = store.path
+
+
+class MemoryMailboxes(Mailboxes):
+    """Mailboxes in memory: the same behaviour as `FileMailboxes`, nothing on disk."""
+
+    def __init__(
+        self, team: str = "team", *, members: Iterable[str] = (),
+        max_envelope: int = DEFAULT_MAX_ENVELOPE,
+    ) -> None:
+        super().__init__(MemoryStore(team, max_envelope=max_envelope), members=members)

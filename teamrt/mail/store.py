@@ -1,0 +1,109 @@
+"""The store interface: the one seam between the mailbox logic and where inbox bytes live.
+
+A store appends encoded envelopes to inboxes (assigning `seq` under its lock), hands an inbox's
+owner a reader over the log, keeps the roster, and tells the mailboxes when another process wrote.
+Everything above it (acks, dedup, request/response, wake-ups in-process) is store-agnostic, and
+every store passes the same conformance suite (`teamrt.testing.conformance`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from anyio.abc import TaskStatus
+
+from teamrt.mail.log import Corrupt, Cursor, Record
+
+Durability = Literal["none", "fsync"]
+
+#: Encoded envelopes larger than this are refused before any lock is taken.
+DEFAULT_MAX_ENVELOPE = 1 << 20
+
+
+class InboxReader(ABC):
+    """The owner's view of one inbox: new items from the cursor on, and cursor commits."""
+
+    @abstractmethod
+    def load_cursor(self) -> Cursor:
+        """The committed cursor (the start of the log if none was committed)."""
+
+    @abstractmethod
+    def seek(self, cursor: Cursor) -> None:
+        """Position the reader at `cursor`."""
+
+    @abstractmethod
+    def read(self) -> tuple[int, list[Record | Corrupt]]:
+        """Complete lines written since the last read, with the segment they are in.
+
+        Returns `(segment, [])` when nothing new is there. Never blocks, never raises on bad data.
+        """
+
+    @abstractmethod
+    def has_new(self) -> bool:
+        """True if a `read()` might return something (cheap; used by the safety rescan)."""
+
+    @abstractmethod
+    def commit(self, cursor: Cursor) -> None:
+        """Make `cursor` the committed read position, atomically."""
+
+    @abstractmethod
+    def quarantine(self, segment: int, item: Corrupt) -> None:
+        """Record a line that could not be decoded (once, even if it is read again)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Store(ABC):
+    """Where inboxes live. Implementations: `FileStore`, `MemoryStore`."""
+
+    team: str
+    max_envelope: int = DEFAULT_MAX_ENVELOPE
+    durability: Durability = "none"
+    needs_polling: bool = False  # True where no file notifications exist
+
+    @abstractmethod
+    async def open(self, members: Sequence[str]) -> None:
+        """Create or open the team, registering `members` (idempotent)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    def members(self, *, refresh: bool = False) -> tuple[str, ...]:
+        """The roster; `refresh=True` re-reads it (another process may have added members)."""
+
+    @abstractmethod
+    async def add_member(self, name: str) -> None:
+        """Add `name` to the roster and create its inbox (idempotent)."""
+
+    @abstractmethod
+    async def append(self, recipient: str, encoded: bytes) -> int:
+        """Append one encoded envelope (see `log.encode`) to `recipient`'s inbox; return its seq.
+
+        When this returns, the envelope is in the log at the store's durability level. On any
+        failure nothing partial stays in the log and a `StoreError` is raised.
+        """
+
+    async def append_many(self, recipient: str, encoded: Sequence[bytes]) -> int:
+        """Append several encoded envelopes in order, as one write where the store can; return
+        the seq of the first."""
+        seqs = [await self.append(recipient, item) for item in encoded]
+        return seqs[0] if seqs else -1
+
+    @abstractmethod
+    def reader(self, name: str) -> InboxReader:
+        """A reader over `name`'s inbox, for its owner."""
+
+    @abstractmethod
+    async def watch(
+        self, notify: Callable[[str], None], *, task_status: TaskStatus[None]
+    ) -> None:
+        """Run until cancelled, calling `notify(name)` when another process writes to an inbox
+        this process reads. Stores with nothing to watch return once started."""
+
+    @abstractmethod
+    def watch_inbox(self, name: str) -> None:
+        """Start reporting writes to `name`'s inbox (called when a local reader opens)."""
