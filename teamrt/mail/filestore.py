@@ -52,7 +52,7 @@ _TAIL_WINDOW = 64 << 10
 
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
-_O_WRITE = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+_O_WRITE = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
 _O_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 _SEQ_AT_LINE_START = re.compile(rb'\{"seq":(\d+),')
 _FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}

@@ -289,7 +289,8 @@ class Mailboxes:
         try:
             if self._task_group is not None:
                 self._task_group.cancel_scope.cancel()
-                await self._task_group.__aexit__(exc_type, exc, tb)
+                # only our background tasks run in it: the body's exception propagates as is
+                await self._task_group.__aexit__(None, None, None)
         finally:
             self._task_group = None
             await self.store.close()

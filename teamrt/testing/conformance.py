@@ -1,0 +1,316 @@
+"""One conformance suite that every mailbox store must pass.
+
+To run it against a store, subclass `MailboxConformance` in a test module and provide a `harness`
+fixture returning a `StoreHarness` for your store:
+
+    class TestMyStore(MailboxConformance):
+        @pytest.fixture
+        def harness(self, tmp_path):
+            return StoreHarness(lambda: MyStore(...), write_raw=my_raw_writer)
+
+`make_store()` must return a new store object over the *same* storage each time it is called, so
+the suite can close and reopen mailboxes to check what survives. `write_raw(name, data)` appends
+raw bytes to an inbox, bypassing the store (to test corrupt input).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+from teamrt.envelopes import Envelope, Request, register_payload
+from teamrt.errors import (
+    EnvelopeTooLarge,
+    InvalidName,
+    MailboxClosed,
+    PayloadError,
+    ReceiveTimeout,
+    RemoteError,
+    RequestTimeout,
+    UnknownRecipient,
+)
+from teamrt.mail.log import encode, stamp
+from teamrt.mail.mailboxes import Mailboxes
+from teamrt.mail.store import Store
+
+
+@dataclass
+class StoreHarness:
+    make_store: Callable[[], Store]
+    write_raw: Callable[[str, bytes], None]
+
+    def open(self, members: Iterable[str] = ("lead", "worker", "writer")) -> Mailboxes:
+        return Mailboxes(self.make_store(), members=members)
+
+
+class ConformancePayload(BaseModel):
+    topic: str
+    pages: int
+
+
+register_payload("conformance_task", ConformancePayload)
+
+
+async def _drain(mail: Mailboxes, name: str) -> list[Envelope]:
+    inbox = mail.inbox(name)
+    out = []
+    while True:
+        try:
+            out.append(inbox.receive_nowait())
+        except anyio.WouldBlock:
+            return out
+
+
+class MailboxConformance:
+    """Behaviour every store must show through the `Mailboxes` API."""
+
+    @pytest.fixture
+    def harness(self) -> StoreHarness:  # pragma: no cover - overridden by each store's tests
+        raise NotImplementedError
+
+    async def test_round_trip_assigns_seq_and_team(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            sent = Envelope.message("lead", "worker", {"text": "hi"}, trace_id="t1")
+            await mail.send(sent)
+            got = await mail.inbox("worker").receive(timeout=5)
+            assert got.id == sent.id
+            assert got.seq == 0
+            assert got.team == mail.team
+            assert got.body == {"text": "hi"}
+            assert got.trace_id == "t1"
+            assert got.model_copy(update={"seq": None, "team": None}) == sent
+
+    async def test_order_and_dense_seq_per_inbox(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            sent = [Envelope.message("lead", "worker", i) for i in range(50)]
+            for envelope in sent:
+                await mail.send(envelope)
+            got = await _drain(mail, "worker")
+            assert [e.id for e in got] == [e.id for e in sent]
+            assert [e.seq for e in got] == list(range(50))
+
+    async def test_concurrent_senders_lose_nothing(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            async def sender(name: str) -> None:
+                for i in range(40):
+                    await mail.send(Envelope.message(name, "worker", i))
+
+            async with anyio.create_task_group() as tg:
+                for name in ("lead", "writer", "w3", "w4"):
+                    tg.start_soon(sender, name)
+            got = await _drain(mail, "worker")
+            assert sorted(e.seq for e in got) == list(range(160))  # type: ignore[type-var]
+            for name in ("lead", "writer", "w3", "w4"):
+                assert [e.body for e in got if e.sender == name] == list(range(40))
+
+    async def test_receive_nowait_and_timeout(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            inbox = mail.inbox("worker")
+            with pytest.raises(anyio.WouldBlock):
+                inbox.receive_nowait()
+            with pytest.raises(ReceiveTimeout, match="nothing arrived in worker's inbox"):
+                await inbox.receive(timeout=0.05)
+
+    async def test_blocked_receiver_wakes_on_send(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            got: list[Envelope] = []
+
+            async def receiver() -> None:
+                got.append(await mail.inbox("worker").receive(timeout=10))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receiver)
+                await anyio.sleep(0.01)
+                await mail.send(Envelope.message("lead", "worker", "wake"))
+            assert [e.body for e in got] == ["wake"]
+
+    async def test_unacked_envelopes_come_again_after_reopen(self, harness: StoreHarness) -> None:
+        sent = [Envelope.message("lead", "worker", i) for i in range(5)]
+        async with harness.open() as mail:
+            for envelope in sent:
+                await mail.send(envelope)
+            inbox = mail.inbox("worker")
+            got = await _drain(mail, "worker")
+            await inbox.ack(got[0], got[1], got[3])  # out of order: 2 and 4 stay unacked
+        async with harness.open() as mail:
+            again = await _drain(mail, "worker")
+            assert [e.body for e in again] == [2, 4]
+            await mail.inbox("worker").ack(*again)
+        async with harness.open() as mail:
+            assert await _drain(mail, "worker") == []
+
+    async def test_duplicate_ids_are_dropped(self, harness: StoreHarness) -> None:
+        envelope = Envelope.message("lead", "worker", "once")
+        async with harness.open() as mail:
+            await mail.send(envelope)
+            inbox = mail.inbox("worker")
+            first = await inbox.receive(timeout=5)
+            await inbox.ack(first)
+            await mail.send(envelope)  # a sender retrying after a crash
+            await mail.send(Envelope.message("lead", "worker", "next"))
+            assert [e.body for e in await _drain(mail, "worker")] == ["next"]
+            assert inbox.statistics().duplicates_dropped == 1
+        async with harness.open() as mail:  # the dedup window survives a restart
+            await mail.send(envelope)
+            got = await _drain(mail, "worker")
+            assert [e.body for e in got] == ["next"]
+
+    async def test_unknown_recipient_and_bad_names(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            with pytest.raises(UnknownRecipient, match="no member 'nobody'"):
+                await mail.send(Envelope.message("lead", "nobody", "x"))
+            for bad in ("../x", "..", "a/b", "", ".hidden", "a b", "x" * 65, "ü"):
+                with pytest.raises((InvalidName, ValueError)):
+                    await mail.send(Envelope.message("lead", bad, "x"))
+                with pytest.raises(InvalidName):
+                    await mail.add_member(bad)
+            assert "nobody" not in mail.members
+
+    async def test_oversized_envelope_is_refused_whole(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            limit = mail.store.max_envelope
+            with pytest.raises(EnvelopeTooLarge, match="over the limit"):
+                await mail.send(Envelope.message("lead", "worker", "x" * limit))
+            await mail.send(Envelope.message("lead", "worker", "small"))
+            assert [e.body for e in await _drain(mail, "worker")] == ["small"]
+
+    async def test_payload_validated_on_send_and_receive(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            with pytest.raises(PayloadError, match="pages"):
+                await mail.send(Envelope.message("lead", "worker", {"topic": "x"},
+                                                 type="conformance_task"))
+            good = Envelope.message("lead", "worker", ConformancePayload(topic="x", pages=2))
+            assert good.type == "conformance_task"
+            await mail.send(good)
+            # a line written by another program that does not fit the registered model
+            bad = Envelope.message("lead", "worker", {"topic": 1}, type="conformance_task")
+            harness.write_raw("worker", stamp(encode(bad), 99, mail.team.encode()))
+            got = await _drain(mail, "worker")
+            assert [e.id for e in got] == [good.id]
+            assert got[0].payload() == ConformancePayload(topic="x", pages=2)
+            assert mail.inbox("worker").statistics().quarantined == 1
+
+    async def test_corrupt_lines_are_quarantined_and_never_block(
+        self, harness: StoreHarness
+    ) -> None:
+        async with harness.open() as mail:
+            await mail.send(Envelope.message("lead", "worker", 1))
+            team = mail.team.encode()
+            harness.write_raw("worker", b"\x00\xff garbage\n")
+            harness.write_raw("worker", b'{"seq": 5, "kind": "message", oops\n')
+            harness.write_raw("worker", stamp(encode(Envelope.message("lead", "worker", 2)),
+                                              7, team).replace(b'"message"', b'"telegram"'))
+            harness.write_raw("worker", b'{"kind":"message","sender":"lead"}\n')
+            await mail.send(Envelope.message("lead", "worker", 3))
+            got = await _drain(mail, "worker")
+            assert [e.body for e in got] == [1, 3]
+            assert mail.inbox("worker").statistics().quarantined == 4
+            await mail.inbox("worker").ack(*got)
+        async with harness.open() as mail:  # nothing comes back, nothing quarantined twice
+            assert await _drain(mail, "worker") == []
+
+    async def test_unterminated_tail_is_not_corrupt(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            line = stamp(encode(Envelope.message("lead", "worker", "slow")), 0, mail.team.encode())
+            harness.write_raw("worker", line[:20])  # a write in progress
+            inbox = mail.inbox("worker")
+            with pytest.raises(anyio.WouldBlock):
+                inbox.receive_nowait()
+            harness.write_raw("worker", line[20:])
+            assert (await inbox.receive(timeout=5)).body == "slow"
+            assert inbox.statistics().quarantined == 0
+
+    async def test_request_response(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            async def worker() -> None:
+                inbox = mail.inbox("worker")
+                request = await inbox.receive(timeout=5)
+                await mail.send(Envelope.response(request, {"sum": sum(request.body)}))
+                await inbox.ack(request)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker)
+                request = Envelope.request("lead", "worker", [1, 2, 3], type="add")
+                response = await mail.request(request, timeout=5)
+            assert response.body == {"sum": 6}
+            assert response.in_reply_to == request.id
+            assert response.sender == "worker"
+            # the routed response was consumed: nothing left in lead's inbox
+            assert await _drain(mail, "lead") == []
+
+    async def test_error_response_raises_remote_error(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            async def worker() -> None:
+                request = await mail.inbox("worker").receive(timeout=5)
+                await mail.send(Envelope.error(request, KeyError("no such page")))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker)
+                with pytest.raises(RemoteError, match="worker failed: KeyError") as info:
+                    await mail.request(Envelope.request("lead", "worker", "p9"), timeout=5)
+            assert info.value.error_type == "KeyError"
+
+    async def test_timeout_then_late_response_is_delivered(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            request = Envelope.request("lead", "worker", "slow job")
+            with pytest.raises(RequestTimeout, match="late response will be delivered") as info:
+                await mail.request(request, timeout=0.05)
+            assert info.value.request.id == request.id
+            received = await mail.inbox("worker").receive(timeout=5)
+            assert received.deadline is not None
+            await mail.send(Envelope.response(received, "done at last"))
+            late = await mail.inbox("lead").receive(timeout=5)
+            assert late.in_reply_to == request.id
+            assert mail.inbox("lead").statistics().late_responses == 1
+
+    async def test_duplicate_responses_are_dropped(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            async def worker() -> None:
+                request = await mail.inbox("worker").receive(timeout=5)
+                await mail.send(Envelope.response(request, "first"))
+                await mail.send(Envelope.response(request, "second"))
+                await mail.send(Envelope.message("worker", "lead", "after"))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker)
+                response = await mail.request(Envelope.request("lead", "worker", "q"), timeout=5)
+            assert response.body == "first"
+            assert [e.body for e in await _drain(mail, "lead")] == ["after"]
+            assert mail.inbox("lead").statistics().duplicate_responses == 1
+
+    async def test_request_requires_request_kind(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            with pytest.raises(ValueError, match="takes a request envelope"):
+                await mail.request(Envelope.message("lead", "worker", "x"))  # type: ignore[arg-type]
+            assert isinstance(Envelope.request("lead", "worker"), Request)
+
+    async def test_broadcast_reaches_every_other_member(self, harness: StoreHarness) -> None:
+        async with harness.open(["lead", "worker", "writer", "critic"]) as mail:
+            broadcast = Envelope.broadcast("lead", "stand down", type="shutdown_request")
+            await mail.send(broadcast)
+            for name in ("worker", "writer", "critic"):
+                (got,) = await _drain(mail, name)
+                assert (got.id, got.kind, got.recipient) == (broadcast.id, "broadcast", "*")
+            assert await _drain(mail, "lead") == []
+
+    async def test_send_many_keeps_order(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            batch = [Envelope.message("lead", "worker" if i % 3 else "writer", i)
+                     for i in range(30)]
+            await mail.send_many(batch)
+            got = await _drain(mail, "worker")
+            assert [e.body for e in got] == [i for i in range(30) if i % 3]
+            assert [e.seq for e in got] == list(range(20))
+
+    async def test_closed_mailboxes_refuse_use(self, harness: StoreHarness) -> None:
+        mail = harness.open()
+        async with mail:
+            inbox = mail.inbox("worker")
+        with pytest.raises(MailboxClosed):
+            await mail.send(Envelope.message("lead", "worker", "late"))
+        with pytest.raises(MailboxClosed):
+            inbox.receive_nowait()
