@@ -578,6 +578,12 @@ class FileStore(Store):
         return dict(data)
 
     def _update_roster(self, add: Sequence[str]) -> None:
+        try:
+            self._update_roster_locked(add)
+        except OSError as exc:
+            raise _translate(exc, f"register members of team {self.team!r}") from None
+
+    def _update_roster_locked(self, add: Sequence[str]) -> None:
         """Add members under the roster lock (a cold path, so filelock's cost does not matter)."""
         self.inboxes.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
         lock = filelock.FileLock(self.path / "team.lock", mode=_FILE_MODE,
