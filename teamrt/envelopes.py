@@ -16,6 +16,7 @@ Envelopes are created through the one-line constructors on `Envelope`:
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import os
 import time
@@ -154,25 +155,41 @@ class Envelope(BaseModel):
 
     @staticmethod
     def message(
-        sender: str, recipient: str, body: Any = None, *, type: str = "text",
+        sender: str,
+        recipient: str,
+        body: Any = None,
+        *,
+        type: str = "text",
         trace_id: str | None = None,
     ) -> Message:
         """A one-way envelope."""
         return Message(
-            sender=sender, recipient=recipient, body=_dump_body(body),
-            type=_type_of(body, type), trace_id=trace_id,
+            sender=sender,
+            recipient=recipient,
+            body=_dump_body(body),
+            type=_type_of(body, type),
+            trace_id=trace_id,
         )
 
     @staticmethod
     def request(
-        sender: str, recipient: str, body: Any = None, *, type: str = "request",
-        timeout: float | None = None, trace_id: str | None = None,
+        sender: str,
+        recipient: str,
+        body: Any = None,
+        *,
+        type: str = "request",
+        timeout: float | None = None,
+        trace_id: str | None = None,
     ) -> Request:
         """An envelope that expects a response; `timeout` sets its `deadline`."""
         now = time.time()
         return Request(
-            sender=sender, recipient=recipient, body=_dump_body(body),
-            type=_type_of(body, type), ts=now, trace_id=trace_id,
+            sender=sender,
+            recipient=recipient,
+            body=_dump_body(body),
+            type=_type_of(body, type),
+            ts=now,
+            trace_id=trace_id,
             deadline=None if timeout is None else now + timeout,
         )
 
@@ -182,8 +199,12 @@ class Envelope(BaseModel):
         if request.kind != "request":
             raise UsageError(f"can only respond to a request, not a {request.kind}")
         return Response(
-            sender=request.recipient, recipient=request.sender, body=_dump_body(body),
-            type=_type_of(body, type), in_reply_to=request.id, trace_id=request.trace_id,
+            sender=request.recipient,
+            recipient=request.sender,
+            body=_dump_body(body),
+            type=_type_of(body, type),
+            in_reply_to=request.id,
+            trace_id=request.trace_id,
         )
 
     @staticmethod
@@ -196,16 +217,23 @@ class Envelope(BaseModel):
 
     @staticmethod
     def broadcast(
-        sender: str, body: Any = None, *, type: str = "text", trace_id: str | None = None,
+        sender: str,
+        body: Any = None,
+        *,
+        type: str = "text",
+        trace_id: str | None = None,
     ) -> Broadcast:
         """One envelope delivered to every member of the roster except the sender."""
         return Broadcast(
-            sender=sender, body=_dump_body(body), type=_type_of(body, type), trace_id=trace_id,
+            sender=sender,
+            body=_dump_body(body),
+            type=_type_of(body, type),
+            trace_id=trace_id,
         )
 
     # -- reading --
 
-    def payload(self, model: type[P] | None = None) -> P:
+    def payload(self, model: builtins.type[P] | None = None) -> P:
         """The body validated as `model` (default: the model registered for `type`)."""
         chosen = model or _payloads.get(self.type)
         if chosen is None:

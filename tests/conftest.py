@@ -4,8 +4,11 @@ import pytest
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--stress", action="store_true",
-                     help="run the process and crash tests at their larger sizes")
+    parser.addoption(
+        "--stress",
+        action="store_true",
+        help="run the process and crash tests at their larger sizes",
+    )
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -69,8 +70,12 @@ async def wait_one(team: str, out: str) -> None:
         Path(out).write_text(json.dumps({"body": envelope.body, "at": time.monotonic()}))
 
 
-MODES = {"send": send, "consume-and-die": consume_and_die, "consume": consume,
-         "wait-one": wait_one}
+MODES: dict[str, Callable[..., Awaitable[None]]] = {
+    "send": send,
+    "consume-and-die": consume_and_die,
+    "consume": consume,
+    "wait-one": wait_one,
+}
 
 if __name__ == "__main__":
-    anyio.run(MODES[sys.argv[1]], *sys.argv[2:])  # type: ignore[operator]
+    anyio.run(MODES[sys.argv[1]], *sys.argv[2:])

@@ -57,7 +57,7 @@ async def test_torn_tail_is_sealed_and_the_next_envelope_survives(tmp_path: Path
         await mail.send(Envelope.message("lead", "worker", "before"))
     # a writer killed mid-append leaves a fragment without a newline
     line = stamp(encode(Envelope.message("lead", "worker", "x" * 5000)), 1, b"t")
-    _append_raw(team, line[:4096 - len(_log(team))])
+    _append_raw(team, line[: 4096 - len(_log(team))])
     async with FileMailboxes(team) as mail:
         await mail.send(Envelope.message("lead", "worker", "after"))
         got = await _drain(mail)
@@ -101,10 +101,10 @@ async def test_short_write_then_enospc_rolls_back(
                 return real_write(fd, bytes(data)[:37])  # a short write first, as tmpfs does
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(filestore.os, "write", full_disk)
+        monkeypatch.setattr(os, "write", full_disk)
         with pytest.raises(DiskFull, match="No space left on device; nothing was written"):
             await mail.send(Envelope.message("lead", "worker", "lost"))
-        monkeypatch.setattr(filestore.os, "write", real_write)
+        monkeypatch.setattr(os, "write", real_write)
         assert len(_log(team)) == size  # rolled back to the last good length
         await mail.send(Envelope.message("lead", "worker", "next"))
         got = await _drain(mail)
@@ -125,15 +125,13 @@ async def test_failed_fsync_is_an_error_never_retried(
             syncs["n"] += 1
             raise OSError(errno.EIO, "Input/output error")
 
-        monkeypatch.setattr(filestore.os, "fdatasync", failing_sync)
-        with pytest.raises(DurabilityError, match="fsync failed.*not acknowledged"):
+        monkeypatch.setattr(os, "fdatasync", failing_sync)
+        with pytest.raises(DurabilityError, match=r"fsync failed.*not acknowledged"):
             await mail.send(Envelope.message("lead", "worker", "unsure"))
         assert syncs["n"] == 1  # reported, not retried into a false success
 
 
-async def test_group_commit_shares_fsyncs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_group_commit_shares_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     team = tmp_path / "t"
     syncs = {"n": 0}
     real = os.fdatasync
@@ -142,8 +140,9 @@ async def test_group_commit_shares_fsyncs(
         syncs["n"] += 1
         real(fd)
 
-    monkeypatch.setattr(filestore.os, "fdatasync", counting_sync)
+    monkeypatch.setattr(os, "fdatasync", counting_sync)
     async with FileMailboxes(team, durability="fsync", members=MEMBERS) as mail:
+
         async def sender(k: int) -> None:
             for i in range(10):
                 await mail.send(Envelope.message("lead", "worker", [k, i]))
@@ -157,8 +156,10 @@ async def test_group_commit_shares_fsyncs(
 
 async def test_rotation_across_two_writers_keeps_seq_dense(tmp_path: Path) -> None:
     team = tmp_path / "t"
-    async with FileMailboxes(team, members=MEMBERS, segment_bytes=2000) as a, \
-            FileMailboxes(team, segment_bytes=2000) as b:
+    async with (
+        FileMailboxes(team, members=MEMBERS, segment_bytes=2000) as a,
+        FileMailboxes(team, segment_bytes=2000) as b,
+    ):
         # two stores hold their own descriptors, as two processes would
         for i in range(40):
             await (a if i % 3 else b).send(Envelope.message("lead", "worker", i))
@@ -222,8 +223,23 @@ async def test_member_added_by_another_process_is_seen(tmp_path: Path) -> None:
         assert a.members == ("lead", "worker", "critic")
 
 
-@pytest.mark.parametrize("bad", ["../x", "..", ".", "a/b", "/etc/passwd", "a\x00b", "",
-                                 " ", ".hidden", "x" * 65, "x/../y", "．．/x"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "../x",
+        "..",
+        ".",
+        "a/b",
+        "/etc/passwd",
+        "a\x00b",
+        "",
+        " ",
+        ".hidden",
+        "x" * 65,
+        "x/../y",
+        "\uff0e\uff0e/x",  # full-width dots
+    ],
+)
 async def test_hostile_names_are_refused(tmp_path: Path, bad: str) -> None:
     team = tmp_path / "t"
     before = set(os.listdir(tmp_path))
@@ -236,8 +252,12 @@ async def test_hostile_names_are_refused(tmp_path: Path, bad: str) -> None:
         with pytest.raises(InvalidName):
             mail.inbox(bad)
     assert set(os.listdir(tmp_path)) - before == {"t"}
-    assert sorted(os.listdir(team / "inboxes")) == ["lead.jsonl", "lead.lock", "worker.jsonl",
-                                                   "worker.lock"]
+    assert sorted(os.listdir(team / "inboxes")) == [
+        "lead.jsonl",
+        "lead.lock",
+        "worker.jsonl",
+        "worker.lock",
+    ]
 
 
 async def test_symlinked_inbox_is_refused(tmp_path: Path) -> None:
@@ -268,7 +288,7 @@ async def test_seq_recovered_from_the_tail_not_a_scan(
         reads.append(n)
         return real_pread(fd, n, offset)
 
-    monkeypatch.setattr(filestore.os, "pread", counting_pread)
+    monkeypatch.setattr(os, "pread", counting_pread)
     async with FileMailboxes(team) as mail:
         await mail.send(Envelope.message("lead", "worker", "last"))
     assert sum(reads) <= 1 + filestore._TAIL_WINDOW < len(_log(team))

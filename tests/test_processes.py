@@ -25,8 +25,12 @@ MEMBERS = ("lead", "worker")
 
 
 def _spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, PROCS, *args], env={**os.environ, **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, PROCS, *args],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _finish(proc: subprocess.Popen[bytes], expect: int = 0) -> None:
@@ -71,8 +75,10 @@ async def test_concurrent_processes_into_one_inbox(tmp_path: Path, stress: bool)
     async with FileMailboxes(team, members=MEMBERS):
         pass
     acks = [tmp_path / f"acks{k}" for k in range(nprocs)]
-    procs = [_spawn("send", str(team), f"s{k}", str(count), "20", str(acks[k]), "0")
-             for k in range(nprocs)]
+    procs = [
+        _spawn("send", str(team), f"s{k}", str(count), "20", str(acks[k]), "0")
+        for k in range(nprocs)
+    ]
     _wait_ready([Path(f"{a}.ready") for a in acks], procs)
     (tmp_path / "go").touch()
     for proc in procs:
@@ -93,8 +99,16 @@ async def test_writer_torn_mid_append_loses_nothing_else(tmp_path: Path) -> None
     async with FileMailboxes(team, members=MEMBERS):
         pass
     acks = tmp_path / "acks"
-    proc = _spawn("send", str(team), "s0", "5", "8000", str(acks), "0",
-                  env={"TEAMRT_FAULT": "torn-append:5000:3"})
+    proc = _spawn(
+        "send",
+        str(team),
+        "s0",
+        "5",
+        "8000",
+        str(acks),
+        "0",
+        env={"TEAMRT_FAULT": "torn-append:5000:3"},
+    )
     (tmp_path / "go").touch()
     _finish(proc, -signal.SIGKILL)
     assert len(_acked(acks)) == 2
@@ -126,8 +140,9 @@ async def test_writers_killed_at_random_never_lose_an_acked_envelope(
         procs = {}
         for name in acks:
             pad = str(rng.choice([3000, 5000, 9000]))  # lines that straddle page boundaries
-            procs[name] = _spawn("send", str(team), name, "100000", pad, str(acks[name]),
-                                 str(next_i[name]))
+            procs[name] = _spawn(
+                "send", str(team), name, "100000", pad, str(acks[name]), str(next_i[name])
+            )
         _wait_ready([Path(f"{a}.ready") for a in acks.values()], list(procs.values()))
         time.sleep(rng.uniform(0.01, 0.08))
         for proc in procs.values():

@@ -17,6 +17,7 @@ file, truncate below a line another writer completed, or create an inbox for an 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -93,10 +94,8 @@ def _write_all(fd: int, data: bytes, size: int, what: str, torn_after: int | Non
         while view:
             view = view[os.write(fd, view) :]
     except OSError as exc:
-        try:
+        with contextlib.suppress(OSError):  # if this fails, the next writer seals the tail
             os.ftruncate(fd, size)
-        except OSError:
-            pass  # the next writer sees a torn tail and seals it
         raise _translate(exc, what) from None
 
 
@@ -181,8 +180,11 @@ class _GroupCommit:
                 target, done, failure = current
                 await done.wait()
                 if failure and ticket <= target:
-                    raise DurabilityError(failure[0].errno or 0, f"{what}: fsync failed: "
-                                          f"{failure[0].strerror}; the send is not acknowledged")
+                    raise DurabilityError(
+                        failure[0].errno or 0,
+                        f"{what}: fsync failed: "
+                        f"{failure[0].strerror}; the send is not acknowledged",
+                    )
                 continue
             target, done, failure = self.written, anyio.Event(), []
             self._round = (target, done, failure)
@@ -196,8 +198,10 @@ class _GroupCommit:
                     self.synced = max(self.synced, target)
                 done.set()
             if failure:
-                raise DurabilityError(failure[0].errno or 0, f"{what}: fsync failed: "
-                                      f"{failure[0].strerror}; the send is not acknowledged")
+                raise DurabilityError(
+                    failure[0].errno or 0,
+                    f"{what}: fsync failed: {failure[0].strerror}; the send is not acknowledged",
+                )
 
 
 class _Appender:
@@ -398,8 +402,9 @@ class FileReader(InboxReader):
             if path == self.paths.log and self.paths.active_index() != index:
                 os.close(fd)
                 if self.paths.active_index() < index:
-                    raise StoreError(0, f"{self.paths.name}'s cursor names segment {index}, "
-                                        "which does not exist")
+                    raise StoreError(
+                        0, f"{self.paths.name}'s cursor names segment {index}, which does not exist"
+                    )
                 continue
             break
         self.fd, self.segment = fd, index
@@ -455,9 +460,14 @@ class FileReader(InboxReader):
     def quarantine(self, segment: int, item: Corrupt) -> None:
         if (segment, item.offset) <= self._quarantined_upto:
             return
-        entry = {"segment": segment, "offset": item.offset, "end": item.end,
-                 "reason": item.reason, "ts": time.time(),
-                 "raw": item.raw.decode("utf-8", "backslashreplace")}
+        entry = {
+            "segment": segment,
+            "offset": item.offset,
+            "end": item.end,
+            "reason": item.reason,
+            "ts": time.time(),
+            "raw": item.raw.decode("utf-8", "backslashreplace"),
+        }
         line = json.dumps(entry, separators=(",", ":")).encode() + b"\n"
         try:
             fd = os.open(self.paths.quarantine, _O_WRITE | os.O_CREAT, _FILE_MODE)
@@ -586,11 +596,17 @@ class FileStore(Store):
     def _update_roster_locked(self, add: Sequence[str]) -> None:
         """Add members under the roster lock (a cold path, so filelock's cost does not matter)."""
         self.inboxes.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-        lock = filelock.FileLock(self.path / "team.lock", mode=_FILE_MODE,
-                                 preserve_lock_file=True, fallback_to_soft=False)
+        lock = filelock.FileLock(
+            self.path / "team.lock",
+            mode=_FILE_MODE,
+            preserve_lock_file=True,
+            fallback_to_soft=False,
+        )
         with lock:
             data = self._load_roster() or {
-                "format": ROSTER_FORMAT, "team": self.team, "created_at": time.time(),
+                "format": ROSTER_FORMAT,
+                "team": self.team,
+                "created_at": time.time(),
                 "members": [],
             }
             members = list(self._roster)
@@ -598,8 +614,13 @@ class FileStore(Store):
             for name in dict.fromkeys([*members, *new]):
                 paths = InboxPaths(self.inboxes, name)
                 for path in (paths.log, paths.lock):
-                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
-                                     | os.O_NOFOLLOW, _FILE_MODE))
+                    os.close(
+                        os.open(
+                            path,
+                            os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                            _FILE_MODE,
+                        )
+                    )
             if not new and self.roster_path.exists():
                 return
             data["members"] = [*members, *new]
@@ -660,17 +681,16 @@ class FileStore(Store):
             raise UnknownRecipient(f"no member {name!r} in team {self.team!r}")
         return FileReader(self, paths)
 
-    async def watch(
-        self, notify: Callable[[str], None], *, task_status: TaskStatus[None]
-    ) -> None:
+    async def watch(self, notify: Callable[[str], None], *, task_status: TaskStatus[None]) -> None:
         if not inotify.available():
             task_status.started()
             return
         self._notify = notify
         self._inotify = watcher = inotify.Inotify()
         try:
-            watcher.add_watch(str(self.inboxes), inotify.IN_CREATE | inotify.IN_MOVED_TO,
-                              "", self._on_dir_event)
+            watcher.add_watch(
+                str(self.inboxes), inotify.IN_CREATE | inotify.IN_MOVED_TO, "", self._on_dir_event
+            )
             for name in list(self._watched):
                 self._watch_file(name)
             task_status.started()
@@ -687,13 +707,15 @@ class FileStore(Store):
             self._watch_file(name)
 
     def _watch_file(self, name: str) -> None:
-        assert self._inotify is not None and self._notify is not None
+        assert self._inotify is not None
+        assert self._notify is not None
         paths = self.inbox_paths(name)
-        self._watched[name] = self._inotify.add_watch(str(paths.log), inotify.IN_MODIFY, name,
-                                                      self._notify)
+        self._watched[name] = self._inotify.add_watch(
+            str(paths.log), inotify.IN_MODIFY, name, self._notify
+        )
 
     def _on_dir_event(self, filename: str) -> None:
-        name, dot, rest = filename.partition(".")
+        name, _, rest = filename.partition(".")
         if rest == "jsonl" and name in self._watched and self._notify is not None:
             self._watch_file(name)  # a new active file after rotation
             self._notify(name)

@@ -35,9 +35,12 @@ DEFAULT_MAX_LINE = 1 << 20
 #: How many recently handled ids the committed cursor keeps for dropping duplicates.
 RECENT_IDS_PERSISTED = 128
 
-_ENCODE_EXCLUDE = frozenset({"seq", "team"})
+_ENCODE_EXCLUDE = {"seq", "team"}
 _MODEL_BY_KIND: dict[bytes, type[Envelope]] = {
-    b"mess": Message, b"requ": Request, b"resp": Response, b"broa": Broadcast,
+    b"mess": Message,
+    b"requ": Request,
+    b"resp": Response,
+    b"broa": Broadcast,
 }
 
 
@@ -47,7 +50,7 @@ _MODEL_BY_KIND: dict[bytes, type[Envelope]] = {
 def encode(envelope: Envelope) -> bytes:
     """The envelope as compact JSON without `seq` and `team` (filled in by `stamp`), no newline."""
     serializer = type(envelope).__pydantic_serializer__
-    return serializer.to_json(envelope, exclude=_ENCODE_EXCLUDE)  # type: ignore[no-any-return]
+    return serializer.to_json(envelope, exclude=_ENCODE_EXCLUDE)
 
 
 def stamp(encoded: bytes, seq: int, team: bytes) -> bytes:
@@ -86,7 +89,8 @@ def decode_line(line: bytes) -> Envelope | str:
     model = _MODEL_BY_KIND.get(line[start + 8 : start + 12]) if start >= 0 else None
     try:
         envelope: Envelope = (
-            model.model_validate_json(line) if model is not None
+            model.model_validate_json(line)
+            if model is not None
             else ENVELOPE_ADAPTER.validate_json(line)
         )
     except ValidationError as exc:
@@ -158,17 +162,28 @@ class LineDecoder:
         if self._skipping:
             # the rest of an over-long line: report it once, with the bytes we kept
             nl = buf.find(b"\n")
-            items.append(Corrupt(self._skip_start, base + nl + 1,
-                                 f"line longer than {self._max_line} bytes", self._kept))
+            items.append(
+                Corrupt(
+                    self._skip_start,
+                    base + nl + 1,
+                    f"line longer than {self._max_line} bytes",
+                    self._kept,
+                )
+            )
             self._skipping = False
             pos = nl + 1
             self._tail = b""
         for line in buf[pos:last_nl].split(b"\n") if pos <= last_nl else ():
             end = pos + len(line) + 1
             if len(line) > self._max_line:
-                items.append(Corrupt(base + pos, base + end,
-                                     f"line longer than {self._max_line} bytes",
-                                     line[: self._max_line]))
+                items.append(
+                    Corrupt(
+                        base + pos,
+                        base + end,
+                        f"line longer than {self._max_line} bytes",
+                        line[: self._max_line],
+                    )
+                )
             elif line.strip():
                 decoded = decode_line(line)
                 if isinstance(decoded, str):
@@ -191,7 +206,9 @@ class LineDecoder:
             self._tail = rest
 
 
-def decode_all(data: bytes, *, max_line: int = DEFAULT_MAX_LINE) -> tuple[list[Record | Corrupt], int]:
+def decode_all(
+    data: bytes, *, max_line: int = DEFAULT_MAX_LINE
+) -> tuple[list[Record | Corrupt], int]:
     """Decode a whole buffer; returns the items and the number of trailing unterminated bytes."""
     decoder = LineDecoder(max_line=max_line)
     items = decoder.feed(data)
@@ -219,13 +236,24 @@ class Cursor:
     recent: tuple[str, ...] = ()
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {"v": 1, "segment": self.segment, "offset": self.offset, "seq": self.seq,
-                "acked": list(self.acked), "recent": list(self.recent)}
+        return {
+            "v": 1,
+            "segment": self.segment,
+            "offset": self.offset,
+            "seq": self.seq,
+            "acked": list(self.acked),
+            "recent": list(self.recent),
+        }
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> Cursor:
-        return cls(int(data["segment"]), int(data["offset"]), int(data.get("seq", -1)),
-                   tuple(data.get("acked", ())), tuple(data.get("recent", ())))
+        return cls(
+            int(data["segment"]),
+            int(data["offset"]),
+            int(data.get("seq", -1)),
+            tuple(data.get("acked", ())),
+            tuple(data.get("recent", ())),
+        )
 
 
 @dataclass(slots=True)
@@ -292,8 +320,9 @@ class AckTracker:
                 seq = entry.seq
             if entry.id is not None:
                 self._acked_ahead.discard(entry.id)
-        self.committed = Cursor(segment, offset, seq, tuple(sorted(self._acked_ahead)),
-                                tuple(self._persisted))
+        self.committed = Cursor(
+            segment, offset, seq, tuple(sorted(self._acked_ahead)), tuple(self._persisted)
+        )
         return self.committed
 
     @property

@@ -146,8 +146,14 @@ class Inbox:
 
     def statistics(self) -> InboxStatistics:
         return InboxStatistics(
-            self.name, len(self._ready), self._tracker.unacked, len(self._pending),
-            self._quarantined, self._duplicates, self._duplicate_responses, self._late,
+            self.name,
+            len(self._ready),
+            self._tracker.unacked,
+            len(self._pending),
+            self._quarantined,
+            self._duplicates,
+            self._duplicate_responses,
+            self._late,
         )
 
     # -- internals shared with Mailboxes --
@@ -279,7 +285,9 @@ class Mailboxes:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
         self._open = False
@@ -452,8 +460,13 @@ class FileMailboxes(Mailboxes):
         max_envelope: int = DEFAULT_MAX_ENVELOPE,
         create: bool = True,
     ) -> None:
-        store = FileStore(path, durability=durability, segment_bytes=segment_bytes,
-                          max_envelope=max_envelope, create=create)
+        store = FileStore(
+            path,
+            durability=durability,
+            segment_bytes=segment_bytes,
+            max_envelope=max_envelope,
+            create=create,
+        )
         super().__init__(store, members=members, rescan_interval=rescan_interval)
         self.path = store.path
 
@@ -462,7 +475,10 @@ class MemoryMailboxes(Mailboxes):
     """Mailboxes in memory: the same behaviour as `FileMailboxes`, nothing on disk."""
 
     def __init__(
-        self, team: str = "team", *, members: Iterable[str] = (),
+        self,
+        team: str = "team",
+        *,
+        members: Iterable[str] = (),
         max_envelope: int = DEFAULT_MAX_ENVELOPE,
     ) -> None:
         super().__init__(MemoryStore(team, max_envelope=max_envelope), members=members)

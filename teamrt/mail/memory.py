@@ -111,9 +111,7 @@ class MemoryStore(Store):
     def quarantined(self, name: str) -> list[Corrupt]:
         return [item for _, item in self._inbox(name).quarantined]
 
-    async def watch(
-        self, notify: Callable[[str], None], *, task_status: TaskStatus[None]
-    ) -> None:
+    async def watch(self, notify: Callable[[str], None], *, task_status: TaskStatus[None]) -> None:
         task_status.started()  # one process: sends wake their receivers directly
 
     def watch_inbox(self, name: str) -> None:

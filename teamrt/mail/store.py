@@ -98,9 +98,7 @@ class Store(ABC):
         """A reader over `name`'s inbox, for its owner."""
 
     @abstractmethod
-    async def watch(
-        self, notify: Callable[[str], None], *, task_status: TaskStatus[None]
-    ) -> None:
+    async def watch(self, notify: Callable[[str], None], *, task_status: TaskStatus[None]) -> None:
         """Run until cancelled, calling `notify(name)` when another process writes to an inbox
         this process reads. Stores with nothing to watch return once started."""
 

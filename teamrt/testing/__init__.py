@@ -1,4 +1,4 @@
 """The public test kit: the store conformance suite and helpers (requires pytest).
 
-    from teamrt.testing.conformance import MailboxConformance, StoreHarness
+from teamrt.testing.conformance import MailboxConformance, StoreHarness
 """

@@ -95,6 +95,7 @@ class MailboxConformance:
 
     async def test_concurrent_senders_lose_nothing(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
+
             async def sender(name: str) -> None:
                 for i in range(40):
                     await mail.send(Envelope.message(name, "worker", i))
@@ -181,8 +182,9 @@ class MailboxConformance:
     async def test_payload_validated_on_send_and_receive(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
             with pytest.raises(PayloadError, match="pages"):
-                await mail.send(Envelope.message("lead", "worker", {"topic": "x"},
-                                                 type="conformance_task"))
+                await mail.send(
+                    Envelope.message("lead", "worker", {"topic": "x"}, type="conformance_task")
+                )
             good = Envelope.message("lead", "worker", ConformancePayload(topic="x", pages=2))
             assert good.type == "conformance_task"
             await mail.send(good)
@@ -202,8 +204,12 @@ class MailboxConformance:
             team = mail.team.encode()
             harness.write_raw("worker", b"\x00\xff garbage\n")
             harness.write_raw("worker", b'{"seq": 5, "kind": "message", oops\n')
-            harness.write_raw("worker", stamp(encode(Envelope.message("lead", "worker", 2)),
-                                              7, team).replace(b'"message"', b'"telegram"'))
+            harness.write_raw(
+                "worker",
+                stamp(encode(Envelope.message("lead", "worker", 2)), 7, team).replace(
+                    b'"message"', b'"telegram"'
+                ),
+            )
             harness.write_raw("worker", b'{"kind":"message","sender":"lead"}\n')
             await mail.send(Envelope.message("lead", "worker", 3))
             got = await _drain(mail, "worker")
@@ -226,6 +232,7 @@ class MailboxConformance:
 
     async def test_request_response(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
+
             async def worker() -> None:
                 inbox = mail.inbox("worker")
                 request = await inbox.receive(timeout=5)
@@ -244,6 +251,7 @@ class MailboxConformance:
 
     async def test_error_response_raises_remote_error(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
+
             async def worker() -> None:
                 request = await mail.inbox("worker").receive(timeout=5)
                 await mail.send(Envelope.error(request, KeyError("no such page")))
@@ -269,6 +277,7 @@ class MailboxConformance:
 
     async def test_duplicate_responses_are_dropped(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
+
             async def worker() -> None:
                 request = await mail.inbox("worker").receive(timeout=5)
                 await mail.send(Envelope.response(request, "first"))
@@ -299,8 +308,9 @@ class MailboxConformance:
 
     async def test_send_many_keeps_order(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
-            batch = [Envelope.message("lead", "worker" if i % 3 else "writer", i)
-                     for i in range(30)]
+            batch = [
+                Envelope.message("lead", "worker" if i % 3 else "writer", i) for i in range(30)
+            ]
             await mail.send_many(batch)
             got = await _drain(mail, "worker")
             assert [e.body for e in got] == [i for i in range(30) if i % 3]
