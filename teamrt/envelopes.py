@@ -24,8 +24,8 @@ from typing import Annotated, Any, ClassVar, Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from teamrt.errors import PayloadError, UsageError
-from teamrt.names import Name
+from teamrt.errors import InvalidEnvelope, InvalidName, PayloadError, UsageError
+from teamrt.names import Name, validate_name
 
 FORMAT_VERSION = 1
 ERROR_TYPE = "error"
@@ -105,6 +105,24 @@ def validate_body(type_name: str, body: Any) -> None:
         ) from None
 
 
+E = TypeVar("E", bound="Envelope")
+
+
+def _build(cls: type[E], **fields: Any) -> E:
+    """Construct an envelope, turning pydantic's error into one that names the bad field."""
+    try:
+        return cls(**fields)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first["loc"] else "envelope"
+        if field in ("sender", "recipient"):
+            try:
+                validate_name(first.get("input"), what=field)
+            except InvalidName as bad_name:
+                raise bad_name from None
+        raise InvalidEnvelope(f"invalid {cls.__name__.lower()}: {field}: {first['msg']}") from None
+
+
 def _dump_body(body: Any) -> Any:
     return body.model_dump(mode="json") if isinstance(body, BaseModel) else body
 
@@ -163,7 +181,8 @@ class Envelope(BaseModel):
         trace_id: str | None = None,
     ) -> Message:
         """A one-way envelope."""
-        return Message(
+        return _build(
+            Message,
             sender=sender,
             recipient=recipient,
             body=_dump_body(body),
@@ -183,7 +202,8 @@ class Envelope(BaseModel):
     ) -> Request:
         """An envelope that expects a response; `timeout` sets its `deadline`."""
         now = time.time()
-        return Request(
+        return _build(
+            Request,
             sender=sender,
             recipient=recipient,
             body=_dump_body(body),
@@ -198,7 +218,8 @@ class Envelope(BaseModel):
         """The answer to `request`, addressed back to its sender."""
         if request.kind != "request":
             raise UsageError(f"can only respond to a request, not a {request.kind}")
-        return Response(
+        return _build(
+            Response,
             sender=request.recipient,
             recipient=request.sender,
             body=_dump_body(body),
@@ -224,7 +245,8 @@ class Envelope(BaseModel):
         trace_id: str | None = None,
     ) -> Broadcast:
         """One envelope delivered to every member of the roster except the sender."""
-        return Broadcast(
+        return _build(
+            Broadcast,
             sender=sender,
             body=_dump_body(body),
             type=_type_of(body, type),

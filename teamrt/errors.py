@@ -7,6 +7,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     TeamrtError
     ├── UsageError(ValueError)               the caller passed something invalid
     │   ├── InvalidName                      an agent or team name outside the safe charset
+    │   ├── InvalidEnvelope                  an envelope constructor got a bad field
     │   ├── EnvelopeTooLarge                 an encoded envelope over the size limit
     │   ├── PayloadError                     a body that fails its registered payload model
     │   └── UnknownRecipient(LookupError)    no such member in the roster
@@ -40,6 +41,10 @@ class UsageError(TeamrtError, ValueError):
 
 class InvalidName(UsageError):
     """An agent or team name that is not a safe file name (see `teamrt.names`)."""
+
+
+class InvalidEnvelope(UsageError):
+    """An envelope constructor was given a field value that does not validate."""
 
 
 class EnvelopeTooLarge(UsageError):

@@ -1,0 +1,5 @@
+import sys
+
+from teamrt.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The `teamrt` command line."""

@@ -1,0 +1,97 @@
+"""`teamrt demo exchange`: a lead and a worker in two processes, talking through inbox files.
+
+The lead (this process) starts the worker as a separate Python process on the same team
+directory, sends it requests and awaits the responses matched by id, then broadcasts a shutdown.
+Everything goes through real files under real locks; the worker wakes on inotify.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+from teamrt.envelopes import Envelope, Request
+from teamrt.mail.mailboxes import FileMailboxes
+
+TEAM = "exchange"
+NOTES = [
+    "Each teammate runs its own agent loop with a private context.",
+    "Teammates coordinate only through per-agent inbox files guarded by file locks.",
+    "A lead matches replies to its requests by id.",
+]
+
+
+def _summarise(text: str) -> dict[str, object]:
+    words = text.split()
+    return {"words": len(words), "longest": max(words, key=len).strip(".,"), "shout": text.upper()}
+
+
+async def worker(team_dir: str) -> None:
+    """Serve `summarise` requests until a shutdown broadcast arrives."""
+    async with FileMailboxes(team_dir, create=False) as mail:
+        inbox = mail.inbox("worker")
+        await mail.send(Envelope.message("worker", "lead", "ready", type="idle"))
+        while True:
+            envelope = await inbox.receive(timeout=60)
+            if envelope.type == "shutdown_request":
+                await inbox.ack(envelope)
+                return
+            if isinstance(envelope, Request):
+                try:
+                    reply = Envelope.response(envelope, _summarise(str(envelope.body)))
+                except ValueError as exc:
+                    reply = Envelope.error(envelope, exc)
+                await mail.send(reply)
+            await inbox.ack(envelope)
+
+
+async def lead(root: Path) -> int:
+    team_dir = root / TEAM
+    if team_dir.exists():
+        shutil.rmtree(team_dir)  # the demo's own scratch team from an earlier run
+    async with FileMailboxes(team_dir, members=["lead", "worker"]) as mail:
+        proc = subprocess.Popen([sys.executable, "-m", "teamrt.cli.demo", "worker", str(team_dir)])
+        print(f"lead: started worker as process {proc.pid} on {team_dir}")
+        try:
+            ready = await mail.inbox("lead").receive(timeout=30)
+            await mail.inbox("lead").ack(ready)
+            print(f"worker -> lead  {ready.type:8} {ready.id}  {ready.body!r}")
+            for note in NOTES:
+                started = time.perf_counter()
+                request = Envelope.request("lead", "worker", note, type="summarise")
+                response = await mail.request(request, timeout=30)
+                ms = (time.perf_counter() - started) * 1000
+                print(f"lead -> worker  request  {request.id}  {note!r}")
+                print(
+                    f"worker -> lead  response {response.id}  {response.body['words']} words, "
+                    f"longest {response.body['longest']!r}  ({ms:.2f} ms round trip)"
+                )
+            await mail.send(Envelope.broadcast("lead", "done", type="shutdown_request"))
+            print("lead: broadcast shutdown_request")
+            code = await anyio.to_thread.run_sync(proc.wait)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        print(f"worker exited with code {code}")
+    print(f"\nInbox files: {team_dir / 'inboxes'}")
+    for path in sorted((team_dir / "inboxes").iterdir()):
+        print(f"  {path.name:28} {path.stat().st_size:6} bytes")
+    print(f"\nSee them at a glance:  teamrt inspect {team_dir}")
+    return code
+
+
+def run_demo(name: str, *, directory: str) -> int:
+    if name != "exchange":
+        raise SystemExit(f"unknown demo {name!r}")
+    return int(anyio.run(lead, Path(directory)))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["worker"]:
+        anyio.run(worker, sys.argv[2])

@@ -1,0 +1,164 @@
+"""The `teamrt` command: send, inspect, bench, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from teamrt.envelopes import Envelope, Response
+from teamrt.errors import TeamrtError
+from teamrt.mail.mailboxes import FileMailboxes
+
+DESCRIPTION = """\
+teamrt: an asyncio multi-agent runtime with durable, file-backed mailboxes.
+
+A team directory (default root: ./mailboxes/<team>) holds team.json and one JSON Lines inbox per
+member under inboxes/. See mailboxes/README.md for the on-disk format."""
+
+
+def _parse_body(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text  # a bare word or sentence is sent as a JSON string
+
+
+async def _send(args: argparse.Namespace) -> int:
+    body = _parse_body(args.body)
+    async with FileMailboxes(args.dir, create=False, durability=args.durability) as mail:
+        envelope: Envelope
+        if args.kind == "message":
+            envelope = Envelope.message(args.sender, args.to, body, type=args.type or "text")
+        elif args.kind == "broadcast":
+            envelope = Envelope.broadcast(args.sender, body, type=args.type or "text")
+        elif args.kind == "request":
+            envelope = Envelope.request(
+                args.sender, args.to, body, type=args.type or "request", timeout=args.wait
+            )
+            if args.wait is not None:
+                response = await mail.request(envelope, timeout=args.wait)
+                print(response.model_dump_json())
+                return 0
+        else:
+            if not args.in_reply_to:
+                raise SystemExit("teamrt send: --kind response needs --in-reply-to REQUEST_ID")
+            envelope = Response(
+                sender=args.sender,
+                recipient=args.to,
+                body=body,
+                type=args.type or "result",
+                in_reply_to=args.in_reply_to,
+            )
+        await mail.send(envelope)
+        print(envelope.id)
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from teamrt.mail.inspect import format_report, inspect_team
+
+    report = inspect_team(args.dir)
+    if args.json:
+        print(json.dumps(report.to_json_dict(), indent=2))
+    else:
+        print(format_report(report))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from teamrt.cli.bench import run_bench
+
+    return run_bench(quick=args.quick, as_json=args.json, directory=args.dir)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from teamrt.cli.demo import run_demo
+
+    return run_demo(args.name, directory=args.dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="teamrt",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    send = commands.add_parser(
+        "send",
+        help="append one envelope to an inbox",
+        description="Append one envelope to a member's inbox (or every member's, for a "
+        "broadcast). Prints the envelope id; with --kind request --wait, waits for "
+        "the response and prints it as JSON.",
+    )
+    send.add_argument("dir", help="team directory, e.g. mailboxes/demo")
+    send.add_argument("--from", dest="sender", required=True, help="sender name")
+    send.add_argument("--to", help="recipient name (not for broadcasts)")
+    send.add_argument(
+        "--kind", default="message", choices=["message", "request", "response", "broadcast"]
+    )
+    send.add_argument("--type", help="body type (default: text, request or result)")
+    send.add_argument("--body", default="null", help="JSON body; plain text is sent as a string")
+    send.add_argument("--in-reply-to", help="for --kind response: the request id")
+    send.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="for --kind request: wait this long for the response and print it",
+    )
+    send.add_argument("--durability", default="none", choices=["none", "fsync"])
+    send.set_defaults(run=_send, is_async=True)
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="summarise a team directory",
+        description="Per inbox: depth, last seq, cursor lag, corrupt and quarantined lines, "
+        "unanswered requests, segments and bytes. Reads files only; takes no lock.",
+    )
+    inspect.add_argument("dir", help="team directory")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    inspect.set_defaults(run=_inspect, is_async=False)
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure the mailboxes against raw baselines on this disk",
+        description="Measures sends, contention, group commit, round trips, wake-ups, pick-up "
+        "and drain at depth, and prints each figure beside a baseline measured in "
+        "the same run, with the ratio and the target.",
+    )
+    bench.add_argument("--quick", action="store_true", help="smaller sizes (depth 100k, not 1M)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--dir", help="where to put scratch teams (default: a temp dir)")
+    bench.set_defaults(run=_bench, is_async=False)
+
+    demo = commands.add_parser(
+        "demo",
+        help="run a demo offline on real file mailboxes",
+        description="exchange: a lead and a worker in another process trade requests and "
+        "responses through their inbox files.",
+    )
+    demo.add_argument("name", nargs="?", default="exchange", choices=["exchange"])
+    demo.add_argument("--dir", default="mailboxes", help="root for the demo's team directory")
+    demo.set_defaults(run=_demo, is_async=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.is_async:
+            return int(anyio.run(args.run, args))
+        return int(args.run(args))
+    except TeamrtError as exc:
+        print(f"teamrt {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
