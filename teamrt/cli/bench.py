@@ -558,7 +558,7 @@ def run_bench(*, quick: bool, as_json: bool, directory: str | None, smoke: bool 
             {**asdict(f), "ratio": f.ratio} for f in figures]}, indent=2))
     else:
         _print(figures, f"teamrt bench on {meta['disk']} ({meta['cpus']} cpus, Python "
-                        f"{meta['python']}, {"smoke" if smoke else "quick" if quick else "full"} sizes)")
+                        f"{meta['python']}, {'smoke' if smoke else 'quick' if quick else 'full'} sizes)")
     return 0
 
 
