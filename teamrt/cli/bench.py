@@ -79,8 +79,9 @@ def _envelopes(n: int, recipient: str = "sink") -> list[Message]:
 
 
 def _child(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "teamrt.cli.bench", *args],
-                            stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "teamrt.cli.bench", *args], stdin=subprocess.DEVNULL
+    )
 
 
 def _wait_file(path: Path, timeout: float = 60) -> None:
@@ -136,8 +137,10 @@ async def pipe_ping_pong(n: int) -> list[float]:
     """Round trips to a child process over two pipes, both sides asyncio, in microseconds."""
     down_r, down_w = os.pipe()
     up_r, up_w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-m", "teamrt.cli.bench", "_pipe_echo",
-                             str(down_r), str(up_w)], pass_fds=(down_r, up_w))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "teamrt.cli.bench", "_pipe_echo", str(down_r), str(up_w)],
+        pass_fds=(down_r, up_w),
+    )
     os.close(down_r)
     os.close(up_w)
     times = []
@@ -169,8 +172,9 @@ async def pipe_idle_wakes(n: int, spacing: float) -> list[float]:
     """One-way wake-ups of an idle asyncio process through a pipe, in microseconds."""
     r, w = os.pipe()
     out = Path(tempfile.mkdtemp()) / "wakes"
-    proc = subprocess.Popen([sys.executable, "-m", "teamrt.cli.bench", "_pipe_waker", str(r),
-                             str(out)], pass_fds=(r,))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "teamrt.cli.bench", "_pipe_waker", str(r), str(out)], pass_fds=(r,)
+    )
     os.close(r)
     try:
         await anyio.sleep(0.3)
@@ -229,8 +233,9 @@ async def _waker(team: str, ready: str, out: str) -> None:
 
 
 async def _sender(team: str, name: str, count: str, durability: str, go: str, out: str) -> None:
-    envelopes = [Envelope.message(name, "sink", {"i": i, "text": "hello world"})
-                 for i in range(int(count))]
+    envelopes = [
+        Envelope.message(name, "sink", {"i": i, "text": "hello world"}) for i in range(int(count))
+    ]
     latencies = array("d")
     async with FileMailboxes(team, durability=durability) as mail:  # type: ignore[arg-type]
         Path(out + ".ready").touch()
@@ -278,23 +283,40 @@ class Bench:
             for envelope in envelopes:
                 await mail.send(envelope)
             rate = s.sends / (time.perf_counter() - start)
-            self.add(Figure("awaited sends, durability none", rate, "/s",
-                            "raw locked append", raw, ">= 50,000/s", rate >= 50_000))
+            self.add(
+                Figure(
+                    "awaited sends, durability none",
+                    rate,
+                    "/s",
+                    "raw locked append",
+                    raw,
+                    ">= 50,000/s",
+                    rate >= 50_000,
+                )
+            )
 
             start = time.perf_counter()
             for i in range(s.sends):
                 await mail.send(Envelope.message("lead", "sink", {"i": i, "text": "hi"}))
             built = s.sends / (time.perf_counter() - start)
-            self.add(Figure("build envelope + awaited send", built, "/s",
-                            "raw locked append", raw))
+            self.add(Figure("build envelope + awaited send", built, "/s", "raw locked append", raw))
 
             envelopes = _envelopes(s.sends * 5)
             start = time.perf_counter()
             for k in range(0, len(envelopes), 100):
                 await mail.send_many(envelopes[k : k + 100])
             batched = len(envelopes) / (time.perf_counter() - start)
-            self.add(Figure("batched sends (100 per batch)", batched, "/s",
-                            "raw locked append", raw, ">= 300,000/s", batched >= 300_000))
+            self.add(
+                Figure(
+                    "batched sends (100 per batch)",
+                    batched,
+                    "/s",
+                    "raw locked append",
+                    raw,
+                    ">= 300,000/s",
+                    batched >= 300_000,
+                )
+            )
 
         async with FileMailboxes(self.team("fsync"), members=MEMBERS, durability="fsync") as mail:
             envelopes = _envelopes(s.fsync_sends)
@@ -302,13 +324,24 @@ class Bench:
             for envelope in envelopes:
                 await mail.send(envelope)
             serial = s.fsync_sends / (time.perf_counter() - start)
-            self.add(Figure("awaited sends, durability fsync", serial, "/s",
-                            "raw fsync'd append", raw_fsync))
+            self.add(
+                Figure(
+                    "awaited sends, durability fsync", serial, "/s", "raw fsync'd append", raw_fsync
+                )
+            )
             for senders, need in ((8, 2.5), (32, 5.0)):
                 rate = await self._concurrent(mail, senders, s.fsync_sends * 2)
-                self.add(Figure(f"fsync, {senders} concurrent senders (group commit)", rate, "/s",
-                                "one fsync per envelope (serial sends)", serial,
-                                f">= {need}x baseline", rate >= need * serial))
+                self.add(
+                    Figure(
+                        f"fsync, {senders} concurrent senders (group commit)",
+                        rate,
+                        "/s",
+                        "one fsync per envelope (serial sends)",
+                        serial,
+                        f">= {need}x baseline",
+                        rate >= need * serial,
+                    )
+                )
 
     @staticmethod
     async def _concurrent(mail: FileMailboxes, senders: int, total: int) -> float:
@@ -333,8 +366,10 @@ class Bench:
         each = self.sizes.procs_each if durability == "none" else self.sizes.fsync_sends
         go = self.root / f"go-{durability}"
         outs = [str(self.root / f"proc-{durability}-{k}") for k in range(nprocs)]
-        procs = [_child("_sender", str(team), f"p{k}", str(each), durability, str(go), outs[k])
-                 for k in range(nprocs)]
+        procs = [
+            _child("_sender", str(team), f"p{k}", str(each), durability, str(go), outs[k])
+            for k in range(nprocs)
+        ]
         for out in outs:
             _wait_file(Path(out + ".ready"))
         go.touch()
@@ -362,13 +397,26 @@ class Bench:
 
     async def contention(self) -> None:
         rate, p99 = await self.processes("none")
-        self.add(Figure("8 processes into one inbox", rate, "/s", target=">= 30,000/s",
-                        ok=rate >= 30_000))
-        self.add(Figure("8 processes: p99 send latency", p99 / 1000, "ms", target="<= 5 ms",
-                        ok=p99 <= 5000))
+        self.add(
+            Figure(
+                "8 processes into one inbox", rate, "/s", target=">= 30,000/s", ok=rate >= 30_000
+            )
+        )
+        self.add(
+            Figure(
+                "8 processes: p99 send latency", p99 / 1000, "ms", target="<= 5 ms", ok=p99 <= 5000
+            )
+        )
         rate, _ = await self.processes("fsync")
-        self.add(Figure("fsync, 8 processes into one inbox", rate, "/s",
-                        "raw fsync'd append", self.raw_fsync))
+        self.add(
+            Figure(
+                "fsync, 8 processes into one inbox",
+                rate,
+                "/s",
+                "raw fsync'd append",
+                self.raw_fsync,
+            )
+        )
 
     async def round_trips(self) -> None:
         n = self.sizes.round_trips
@@ -390,12 +438,31 @@ class Bench:
                 await anyio.to_thread.run_sync(proc.wait)
         times = times[50:]
         p50, p99 = _pct(times, 50), _pct(times, 99)
-        self.add(Figure("request -> response across processes, p50", p50, "us",
-                        "os.pipe ping-pong, p50", _pct(pipe, 50), "<= 300 us", p50 <= 300))
-        self.add(Figure("request -> response across processes, p99", p99, "us",
-                        "os.pipe ping-pong, p99", _pct(pipe, 99), "<= 2,000 us", p99 <= 2000))
-        self.add(Figure("asyncio.Queue ping-pong in-process, p50 (reference)", _pct(queue, 50),
-                        "us"))
+        self.add(
+            Figure(
+                "request -> response across processes, p50",
+                p50,
+                "us",
+                "os.pipe ping-pong, p50",
+                _pct(pipe, 50),
+                "<= 300 us",
+                p50 <= 300,
+            )
+        )
+        self.add(
+            Figure(
+                "request -> response across processes, p99",
+                p99,
+                "us",
+                "os.pipe ping-pong, p99",
+                _pct(pipe, 99),
+                "<= 2,000 us",
+                p99 <= 2000,
+            )
+        )
+        self.add(
+            Figure("asyncio.Queue ping-pong in-process, p50 (reference)", _pct(queue, 50), "us")
+        )
 
     async def wakes(self) -> None:
         n, spacing = self.sizes.wakes, 0.01
@@ -414,10 +481,26 @@ class Bench:
             await anyio.to_thread.run_sync(proc.wait)
         delays = array("d", out.read_bytes()).tolist()
         p50 = _pct(delays, 50)
-        self.add(Figure("idle receiver in another process wakes, p50", p50, "us",
-                        "os.pipe idle wake, p50", _pct(pipe, 50), "<= 1,000 us", p50 <= 1000))
-        self.add(Figure("idle receiver wakes, p99", _pct(delays, 99), "us",
-                        "os.pipe idle wake, p99", _pct(pipe, 99)))
+        self.add(
+            Figure(
+                "idle receiver in another process wakes, p50",
+                p50,
+                "us",
+                "os.pipe idle wake, p50",
+                _pct(pipe, 50),
+                "<= 1,000 us",
+                p50 <= 1000,
+            )
+        )
+        self.add(
+            Figure(
+                "idle receiver wakes, p99",
+                _pct(delays, 99),
+                "us",
+                "os.pipe idle wake, p99",
+                _pct(pipe, 99),
+            )
+        )
 
     async def depth(self) -> None:
         results: dict[int, dict[str, float]] = {}
@@ -426,16 +509,39 @@ class Bench:
             gc.collect()
         small, large = self.sizes.depth_small, self.sizes.depth_large
         a, b = results[small], results[large]
-        self.add(Figure(f"pick up a new envelope at depth {large:,}", b["pickup"], "us",
-                        f"same at depth {small:,}", a["pickup"], "within 10%",
-                        b["pickup"] <= 1.1 * a["pickup"]))
-        self.add(Figure(f"open an inbox (seq and cursor) at depth {large:,}", b["open"], "us",
-                        f"same at depth {small:,}", a["open"], "constant",
-                        b["open"] <= 2 * a["open"] + 200))
+        self.add(
+            Figure(
+                f"pick up a new envelope at depth {large:,}",
+                b["pickup"],
+                "us",
+                f"same at depth {small:,}",
+                a["pickup"],
+                "within 10%",
+                b["pickup"] <= 1.1 * a["pickup"],
+            )
+        )
+        self.add(
+            Figure(
+                f"open an inbox (seq and cursor) at depth {large:,}",
+                b["open"],
+                "us",
+                f"same at depth {small:,}",
+                a["open"],
+                "constant",
+                b["open"] <= 2 * a["open"] + 200,
+            )
+        )
         for depth in (small, large):
             rate = results[depth]["drain"]
-            self.add(Figure(f"drain a backlog of {depth:,}", rate, "/s",
-                            target=">= 200,000/s", ok=rate >= 200_000))
+            self.add(
+                Figure(
+                    f"drain a backlog of {depth:,}",
+                    rate,
+                    "/s",
+                    target=">= 200,000/s",
+                    ok=rate >= 200_000,
+                )
+            )
 
     async def _at_depth(self, depth: int) -> dict[str, float]:
         team = self.team(f"depth{depth}")
@@ -496,8 +602,10 @@ def _write_backlog(path: Path, depth: int) -> None:
     head = head.removeprefix(b'{"seq":0,')
     with path.open("ab") as f:
         for start in range(0, depth, 10_000):
-            chunk = [b'{"seq":%d,%b"id":"%b"%b' % (i, head, new_id().encode(), tail)
-                     for i in range(start, min(depth, start + 10_000))]
+            chunk = [
+                b'{"seq":%d,%b"id":"%b"%b' % (i, head, new_id().encode(), tail)
+                for i in range(start, min(depth, start + 10_000))
+            ]
             f.write(b"".join(chunk))
 
 
@@ -520,19 +628,35 @@ def _print(figures: list[Figure], header: str) -> None:
     for f in figures:
         ratio = f"{f.ratio:.2f}x" if f.ratio is not None else ""
         verdict = "" if f.ok is None else ("ok" if f.ok else "MISSED")
-        rows.append((f.name, _fmt(f.value, f.unit), f.baseline, _fmt(f.baseline_value, f.unit),
-                     ratio, f.target, verdict))
+        rows.append(
+            (
+                f.name,
+                _fmt(f.value, f.unit),
+                f.baseline,
+                _fmt(f.baseline_value, f.unit),
+                ratio,
+                f.target,
+                verdict,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(7)]
     for row in rows:
-        print("  ".join(cell.rjust(w) if i in (1, 3, 4) else cell.ljust(w)
-                        for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+        print(
+            "  ".join(
+                cell.rjust(w) if i in (1, 3, 4) else cell.ljust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
 
 
 async def _run(root: Path, sizes: Sizes, only: str | None) -> list[Figure]:
     bench = Bench(root, sizes)
     steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-        ("sends", bench.sends), ("contention", bench.contention),
-        ("round_trips", bench.round_trips), ("wakes", bench.wakes), ("depth", bench.depth),
+        ("sends", bench.sends),
+        ("contention", bench.contention),
+        ("round_trips", bench.round_trips),
+        ("wakes", bench.wakes),
+        ("depth", bench.depth),
     ]
     for name, step in steps:
         if only is None or name == only or (only == "contention" and name == "sends"):
@@ -540,8 +664,14 @@ async def _run(root: Path, sizes: Sizes, only: str | None) -> list[Figure]:
     return bench.figures
 
 
-def run_bench(*, quick: bool, as_json: bool, directory: str | None, smoke: bool = False,
-              only: str | None = None) -> int:
+def run_bench(
+    *,
+    quick: bool,
+    as_json: bool,
+    directory: str | None,
+    smoke: bool = False,
+    only: str | None = None,
+) -> int:
     sizes = Sizes.pick(quick, smoke)
     parent = Path(directory) if directory else None
     if parent is not None:
@@ -551,19 +681,33 @@ def run_bench(*, quick: bool, as_json: bool, directory: str | None, smoke: bool 
         figures = anyio.run(_run, root, sizes, only)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    meta = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "sizes": asdict(sizes),
-            "disk": str(parent or tempfile.gettempdir())}
+    meta = {
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "sizes": asdict(sizes),
+        "disk": str(parent or tempfile.gettempdir()),
+    }
     if as_json:
-        print(json.dumps({"meta": meta, "figures": [
-            {**asdict(f), "ratio": f.ratio} for f in figures]}, indent=2))
+        print(
+            json.dumps(
+                {"meta": meta, "figures": [{**asdict(f), "ratio": f.ratio} for f in figures]},
+                indent=2,
+            )
+        )
     else:
-        _print(figures, f"teamrt bench on {meta['disk']} ({meta['cpus']} cpus, Python "
-                        f"{meta['python']}, {'smoke' if smoke else 'quick' if quick else 'full'} sizes)")
+        _print(
+            figures,
+            f"teamrt bench on {meta['disk']} ({meta['cpus']} cpus, Python "
+            f"{meta['python']}, {'smoke' if smoke else 'quick' if quick else 'full'} sizes)",
+        )
     return 0
 
 
 _ROLES: dict[str, Callable[..., Awaitable[Any]]] = {
-    "_echo": _echo, "_waker": _waker, "_sender": _sender, "_pipe_echo": _pipe_echo,
+    "_echo": _echo,
+    "_waker": _waker,
+    "_sender": _sender,
+    "_pipe_echo": _pipe_echo,
     "_pipe_waker": _pipe_waker,
 }
 

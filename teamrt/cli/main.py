@@ -73,8 +73,9 @@ def _inspect(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from teamrt.cli.bench import run_bench
 
-    return run_bench(quick=args.quick, as_json=args.json, directory=args.dir, smoke=args.smoke,
-                     only=args.only)
+    return run_bench(
+        quick=args.quick, as_json=args.json, directory=args.dir, smoke=args.smoke, only=args.only
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -136,8 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="smaller sizes (depth 100k, not 1M)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--dir", help="where to put scratch teams (default: a temp dir)")
-    bench.add_argument("--only", choices=["sends", "contention", "round_trips", "wakes", "depth"],
-                       help="run one group of measurements")
+    bench.add_argument(
+        "--only",
+        choices=["sends", "contention", "round_trips", "wakes", "depth"],
+        help="run one group of measurements",
+    )
     bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
     bench.set_defaults(run=_bench, is_async=False)
 

@@ -48,7 +48,7 @@ from teamrt.names import validate_name
 
 ROSTER_FORMAT = 1
 DEFAULT_SEGMENT_BYTES = 64 << 20
-READ_CHUNK = 4 << 20
+READ_CHUNK = 256 << 10  # small reads keep few decoded envelopes alive (GC cost)
 _TAIL_WINDOW = 64 << 10
 
 _DIR_MODE = 0o700
