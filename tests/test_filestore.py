@@ -185,8 +185,8 @@ async def test_reader_resumes_in_a_later_segment(tmp_path: Path) -> None:
         await inbox.ack(*got[:9])
         for i in range(10, 20):
             await mail.send(Envelope.message("lead", "worker", i))
-    cursor = json.loads((team / "inboxes" / "worker.cursor.json").read_text())
-    assert cursor["segment"] > 0
+    cursor, _, _ = filestore.read_cursor(team / "inboxes" / "worker.cursor.json")
+    assert cursor.segment > 0
     async with FileMailboxes(team, segment_bytes=1500) as mail:
         assert [e.body for e in await _drain(mail)] == list(range(9, 20))
 
@@ -313,3 +313,42 @@ async def test_missing_team_with_create_false(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="no team directory"):
         async with FileMailboxes(tmp_path / "nope", create=False):
             pass
+
+
+async def test_cursor_commits_alternate_slots_and_grow(tmp_path: Path) -> None:
+    team = tmp_path / "t"
+    path = team / "inboxes" / "worker.cursor.json"
+    async with FileMailboxes(team, members=MEMBERS) as mail:
+        sent = [Envelope.message("lead", "worker", i) for i in range(300)]
+        await mail.send_many(sent)
+        inbox = mail.inbox("worker")
+        got = await _drain(mail)
+        await inbox.ack(got[0])
+        await inbox.ack(got[1])
+        assert filestore.read_cursor(path)[1:] == (2, 4096)
+        assert path.stat().st_size == 8192
+        # 200 acks ahead of an unacked envelope do not fit a 4 KiB slot: the file grows
+        await inbox.ack(*got[3:203])
+        cursor, gen, slot = filestore.read_cursor(path)
+        assert (gen, slot, len(cursor.acked)) == (3, 16384, 200)
+        await inbox.ack(got[2])  # generation 4, into slot 0
+        assert filestore.read_cursor(path)[0].acked == ()
+    # a crash that tore the newest slot falls back to the previous commit (generation 3)
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    async with FileMailboxes(team) as mail:
+        again = await _drain(mail)
+        assert [e.body for e in again] == [2, *range(203, 300)]
+
+
+async def test_unreadable_cursor_is_a_clear_error(tmp_path: Path) -> None:
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=MEMBERS) as mail:
+        await mail.send(Envelope.message("lead", "worker", 1))
+        inbox = mail.inbox("worker")
+        await inbox.ack(inbox.receive_nowait())
+    (team / "inboxes" / "worker.cursor.json").write_bytes(b"edited by hand\n")
+    async with FileMailboxes(team) as mail:
+        with pytest.raises(StoreError, match=r"unreadable cursor .* neither slot is valid"):
+            mail.inbox("worker")

@@ -145,3 +145,18 @@ def test_ack_tracker_resumes_from_cursor() -> None:
     tracker.skipped((0, 40), 3, "id3")  # acked before the restart
     tracker.ack("id2")
     assert tracker.cursor() == Cursor(0, 40, 3, (), ("id0", "id1", "id3", "id2"))
+
+
+def test_cursor_slots_survive_a_torn_write() -> None:
+    old = Cursor(0, 100, 3, (), ("a", "b"))
+    new = Cursor(0, 200, 5, ("z",), ("a", "b", "c"))
+    slot_old, slot_new = old.encode_slot(7, 4096), new.encode_slot(8, 4096)
+    assert slot_old is not None and slot_new is not None
+    assert len(slot_old) == 4096 and slot_old.endswith(b"\n")
+    assert Cursor.decode_slots(slot_new + slot_old) == (new, 8)  # newest generation wins
+    torn = slot_new[:50] + slot_old[50:]  # a crash mid-write mixes old and new bytes
+    assert Cursor.decode_slots(torn + slot_old) == (old, 7)
+    assert Cursor.decode_slots(b"garbage\n" + torn) is None
+    too_big = Cursor(0, 0, -1, tuple(f"{i:030d}" for i in range(200)))
+    assert too_big.encode_slot(1, 4096) is None
+    assert too_big.encode_slot(1, 16384) is not None

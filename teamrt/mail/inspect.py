@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from teamrt.errors import StoreError
-from teamrt.mail.filestore import InboxPaths
-from teamrt.mail.log import Corrupt, Cursor, LineDecoder, Record
+from teamrt.mail.filestore import InboxPaths, read_cursor
+from teamrt.mail.log import Corrupt, LineDecoder, Record
 
 _CHUNK = 1 << 20
 
@@ -56,13 +56,6 @@ def _records(paths: InboxPaths) -> Any:
                     yield index, item
 
 
-def _cursor(paths: InboxPaths) -> Cursor:
-    try:
-        return Cursor.from_json_dict(json.loads(paths.cursor.read_bytes()))
-    except FileNotFoundError:
-        return Cursor()
-
-
 def inspect_team(path: str | Path) -> TeamReport:
     """Read a team directory and summarise every inbox."""
     root = Path(path)
@@ -77,7 +70,7 @@ def inspect_team(path: str | Path) -> TeamReport:
     answered: set[str] = set()
     for name in members:
         paths = InboxPaths(inbox_dir, name)
-        cursor = _cursor(paths)
+        cursor = read_cursor(paths.cursor)[0]
         acked = set(cursor.acked)
         report = InboxReport(name, segments=len(paths.segments()))
         report.bytes = sum(p.stat().st_size for p in paths.segments() if p.exists())

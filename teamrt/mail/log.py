@@ -14,6 +14,8 @@ Nothing here may touch a file, a lock or the event loop; everything is tested in
 
 from __future__ import annotations
 
+import json
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +35,7 @@ from teamrt.envelopes import (
 #: Lines longer than this are quarantined unread (the whole line, up to this many bytes, is kept).
 DEFAULT_MAX_LINE = 1 << 20
 #: How many recently handled ids the committed cursor keeps for dropping duplicates.
-RECENT_IDS_PERSISTED = 128
+RECENT_IDS_PERSISTED = 64  # keeps a cursor slot within one 4 KiB page
 
 _ENCODE_EXCLUDE = {"seq", "team"}
 # the schema validators themselves: BaseModel.model_validate_json adds ~1 us of Python per call
@@ -254,6 +256,38 @@ class Cursor:
             "acked": list(self.acked),
             "recent": list(self.recent),
         }
+
+    def encode_slot(self, gen: int, size: int) -> bytes | None:
+        """This cursor as one slot of the cursor file: JSON with generation and CRC, padded
+        with spaces to `size` bytes including the final newline. None if it does not fit."""
+        fields = {"gen": gen, **self.to_json_dict()}
+        body = json.dumps(fields, separators=(",", ":"))[:-1].encode()
+        line = b'%b,"crc":"%08x"}' % (body, zlib.crc32(body))
+        if len(line) >= size:
+            return None
+        return line.ljust(size - 1) + b"\n"
+
+    @classmethod
+    def decode_slots(cls, data: bytes) -> tuple[Cursor, int] | None:
+        """The newest valid slot of a cursor file (cursor, generation), or None if none is.
+
+        A slot whose CRC does not match (a write torn by a crash) is ignored: the other slot
+        still holds the previous cursor.
+        """
+        best: tuple[Cursor, int] | None = None
+        for raw in data.split(b"\n"):
+            line = raw.strip()
+            mark = line.rfind(b',"crc":"')
+            if mark < 0 or line[mark + 8 : mark + 16] != b"%08x" % zlib.crc32(line[:mark]):
+                continue
+            try:
+                fields = json.loads(line)
+                cursor, gen = cls.from_json_dict(fields), int(fields["gen"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if best is None or gen > best[1]:
+                best = (cursor, gen)
+        return best
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> Cursor:

@@ -12,6 +12,7 @@ Everything here is store-agnostic: no file or lock is touched in this module.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -32,14 +33,18 @@ from teamrt.errors import (
     ReceiveTimeout,
     RemoteError,
     RequestTimeout,
+    StoreError,
     UsageError,
 )
 from teamrt.mail.filestore import DEFAULT_SEGMENT_BYTES, FileStore
+from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import AckTracker, Corrupt, encode
 from teamrt.mail.memory import MemoryStore
 from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Store
 
 DEFAULT_RESCAN_INTERVAL = 1.0
+#: How long background cursor commits (ack_nowait, routed responses) wait to batch acks.
+DEFAULT_COMMIT_DELAY = 0.01
 _POLL_INTERVAL = 0.05  # where the platform has no file notifications
 _REMEMBERED_REQUESTS = 4096
 
@@ -104,6 +109,7 @@ class Inbox:
         self._timed_out = _BoundedSet(_REMEMBERED_REQUESTS)
         self._quarantined = self._duplicates = self._duplicate_responses = self._late = 0
         self._closed = False
+        self._commits = GroupCommit(self._commit)
         store.watch_inbox(name)
 
     # -- receiving --
@@ -136,13 +142,35 @@ class Inbox:
         return await self.receive()
 
     async def ack(self, *envelopes: Envelope) -> None:
-        """Mark envelopes handled and commit the cursor (once for all of them)."""
-        tracker = self._tracker
+        """Mark envelopes handled; return once the cursor that says so is committed.
+
+        Concurrent acks share one commit. The commit runs in a worker thread, so the event loop
+        is not blocked by the file system (a rename over a file can cost ~0.6 ms on ext4).
+        """
+        if self._mark(envelopes):
+            await self._commits.wait(self._commits.ticket())
+
+    def ack_nowait(self, *envelopes: Envelope) -> None:
+        """Mark envelopes handled; the cursor is committed in the background, soon.
+
+        If the process dies before that commit, the envelopes are delivered again (delivery is
+        at-least-once either way). `flush()` waits for the commit.
+        """
+        if self._mark(envelopes):
+            self._commits.ticket()
+            self._mailboxes._commit_soon(self)
+
+    async def flush(self) -> None:
+        """Wait until every ack so far is in the committed cursor."""
+        await self._commits.wait(self._commits.requested)
+
+    def _mark(self, envelopes: tuple[Envelope, ...]) -> bool:
+        if self._closed:
+            raise MailboxClosed(f"{self.name}'s inbox is closed")
         changed = False
         for envelope in envelopes:
-            changed = tracker.ack(envelope.id) or changed
-        if changed:
-            await self._commit()
+            changed = self._tracker.ack(envelope.id) or changed
+        return changed
 
     def statistics(self) -> InboxStatistics:
         return InboxStatistics(
@@ -160,7 +188,7 @@ class Inbox:
 
     async def _commit(self) -> None:
         cursor = self._tracker.cursor()
-        if self._mailboxes.store.durability == "fsync":
+        if self._mailboxes.store.blocking_commits:
             await anyio.to_thread.run_sync(self._reader.commit, cursor)
         else:
             self._reader.commit(cursor)
@@ -181,6 +209,9 @@ class Inbox:
             event = self._event = anyio.Event()
         if self._ready or self._reader.has_new():  # arrived before the event existed
             return True
+        if deadline == math.inf:
+            await event.wait()
+            return True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
@@ -192,7 +223,7 @@ class Inbox:
     def _fill(self, *, all_of_it: bool) -> bool:
         """Read new lines and sort them; True if a pending request was answered."""
         tracker = self._tracker
-        answered = acked = False
+        answered = False
         while True:
             segment, items = self._reader.read()
             if not items:
@@ -217,7 +248,7 @@ class Inbox:
                         self._answered.add(request_id)
                         tracker.delivered(envelope.id, position, envelope.seq)  # type: ignore[arg-type]
                         tracker.ack(envelope.id)
-                        answered = acked = True
+                        answered = True
                         continue
                     if request_id in self._answered:
                         tracker.skipped(position, envelope.seq, envelope.id)
@@ -229,14 +260,15 @@ class Inbox:
                 self._ready.append(envelope)
             if not all_of_it and self._ready:
                 break
-        if acked:
-            self._reader.commit(tracker.cursor())
         if answered:
+            self._commits.ticket()  # routed responses are handled: commit them in the background
+            self._mailboxes._commit_soon(self)
             self._signal()  # requesters waiting on this inbox check their replies
         return answered
 
     def _close(self) -> None:
         self._closed = True
+        self._pending.clear()
         self._reader.close()
         self._signal()
 
@@ -253,6 +285,7 @@ class Mailboxes:
         *,
         members: Iterable[str] = (),
         rescan_interval: float = DEFAULT_RESCAN_INTERVAL,
+        commit_delay: float = DEFAULT_COMMIT_DELAY,
     ) -> None:
         self.store = store
         self._initial_members = tuple(members)
@@ -260,6 +293,9 @@ class Mailboxes:
         self._inboxes: dict[str, Inbox] = {}
         self._task_group: TaskGroup | None = None
         self._open = False
+        self._to_commit: set[Inbox] = set()
+        self._commit_delay = commit_delay
+        self._commit_wanted = anyio.Event()
 
     @property
     def team(self) -> str:
@@ -276,6 +312,7 @@ class Mailboxes:
         try:
             await task_group.start(self._watch)
             task_group.start_soon(self._rescan)
+            task_group.start_soon(self._committer)
         except BaseException:
             task_group.cancel_scope.cancel()
             await task_group.__aexit__(None, None, None)
@@ -291,9 +328,14 @@ class Mailboxes:
         tb: TracebackType | None,
     ) -> bool | None:
         self._open = False
-        for inbox in self._inboxes.values():
-            inbox._close()
-        self._inboxes.clear()
+        try:
+            with anyio.CancelScope(shield=True):
+                for inbox in self._inboxes.values():
+                    await inbox.flush()  # acks made with ack_nowait() are not lost on close
+        finally:
+            for inbox in self._inboxes.values():
+                inbox._close()
+            self._inboxes.clear()
         try:
             if self._task_group is not None:
                 self._task_group.cancel_scope.cancel()
@@ -428,6 +470,25 @@ class Mailboxes:
 
     async def _watch(self, *, task_status: Any) -> None:
         await self.store.watch(self._wake, task_status=task_status)
+
+    def _commit_soon(self, inbox: Inbox) -> None:
+        self._to_commit.add(inbox)
+        self._commit_wanted.set()
+
+    async def _committer(self) -> None:
+        """Commits cursors for ack_nowait() and routed responses, off the caller's path.
+
+        A failed background commit is not lost: the acks stay pending and the next ack() or
+        flush() on that inbox retries the commit and raises if it fails again.
+        """
+        while True:
+            await self._commit_wanted.wait()
+            await anyio.sleep(self._commit_delay)  # let a burst of acks share one commit
+            self._commit_wanted = anyio.Event()
+            inboxes, self._to_commit = self._to_commit, set()
+            for inbox in inboxes:
+                with contextlib.suppress(StoreError):
+                    await inbox.flush()
 
     async def _rescan(self) -> None:
         interval = _POLL_INTERVAL if self.store.needs_polling else self._rescan_interval

@@ -63,6 +63,7 @@ class Store(ABC):
     max_envelope: int = DEFAULT_MAX_ENVELOPE
     durability: Durability = "none"
     needs_polling: bool = False  # True where no file notifications exist
+    blocking_commits: bool = False  # True if cursor commits should run in a worker thread
 
     @abstractmethod
     async def open(self, members: Sequence[str]) -> None:
