@@ -371,6 +371,7 @@ class FileReader(InboxReader):
         self._cursor_gen = 0
         self._slot_size = CURSOR_SLOT
         self._cursor_fd = -1
+        self._log_path = str(paths.log)
         tmp = paths.cursor.with_suffix(".json.tmp")
         if tmp.exists():
             tmp.unlink()  # a commit that died before its rename: the old cursor stands
@@ -416,9 +417,13 @@ class FileReader(InboxReader):
         self.ino = os.fstat(fd).st_ino
         self.decoder = LineDecoder(max_line=self.store.max_line)
 
-    def _rotated(self) -> bool:
+    def _rotated(self, size: int) -> bool:
+        """True if our segment was rotated away. Rotation happens only to a file that reached
+        the team's segment size, so below that size no stat of the path is needed."""
+        if size < self.store.segment_bytes:
+            return False
         try:
-            return os.stat(self.paths.log).st_ino != self.ino
+            return os.stat(self._log_path).st_ino != self.ino
         except FileNotFoundError:
             return True  # mid-rotation: the new file is about to appear
 
@@ -428,7 +433,7 @@ class FileReader(InboxReader):
         if size > offset:
             data = os.pread(self.fd, min(size - offset, READ_CHUNK), offset)
             return self.segment, self.decoder.feed(data)
-        if not self._rotated() or not self.paths.segment(self.segment).exists():
+        if not self._rotated(size) or not self.paths.segment(self.segment).exists():
             return self.segment, []
         # rotated: no writer touches this segment any more; read what is left, then move on
         size = os.fstat(self.fd).st_size
@@ -442,7 +447,8 @@ class FileReader(InboxReader):
         return self.read()
 
     def has_new(self) -> bool:
-        return os.fstat(self.fd).st_size > self.decoder.offset or self._rotated()
+        size = os.fstat(self.fd).st_size
+        return size > self.decoder.offset or self._rotated(size)
 
     def commit(self, cursor: Cursor) -> None:
         """Overwrite the older of the cursor file's two slots (one pwrite of one page).
@@ -548,7 +554,7 @@ class FileStore(Store):
         path: str | os.PathLike[str],
         *,
         durability: Durability = "none",
-        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        segment_bytes: int | None = None,
         max_envelope: int = DEFAULT_MAX_ENVELOPE,
         create: bool = True,
     ) -> None:
@@ -559,7 +565,8 @@ class FileStore(Store):
         self.team_bytes = self.team.encode()
         self.inboxes = self.path / "inboxes"
         self.durability: Durability = durability
-        self.segment_bytes = segment_bytes
+        # fixed for the team when it is created (team.json), so every process agrees on it
+        self.segment_bytes = segment_bytes or DEFAULT_SEGMENT_BYTES
         self.max_envelope = max_envelope
         self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
         self.create = create
@@ -620,6 +627,7 @@ class FileStore(Store):
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(0, f"unreadable roster {self.roster_path}: {exc}") from None
         self._roster = members
+        self.segment_bytes = int(data.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
         return dict(data)
 
     def _update_roster(self, add: Sequence[str]) -> None:
@@ -642,6 +650,7 @@ class FileStore(Store):
                 "format": ROSTER_FORMAT,
                 "team": self.team,
                 "created_at": time.time(),
+                "segment_bytes": self.segment_bytes,
                 "members": [],
             }
             members = list(self._roster)

@@ -36,7 +36,7 @@ from teamrt.errors import (
     StoreError,
     UsageError,
 )
-from teamrt.mail.filestore import DEFAULT_SEGMENT_BYTES, FileStore
+from teamrt.mail.filestore import FileStore
 from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import AckTracker, Corrupt, encode
 from teamrt.mail.memory import MemoryStore
@@ -506,8 +506,14 @@ class FileMailboxes(Mailboxes):
             await mail.send(Envelope.message("lead", "writer", "hello"))
             envelope = await mail.inbox("writer").receive(timeout=5)
 
-    `durability="none"` (default) survives kill -9 of any process; `"fsync"` also survives power
-    loss, with concurrent senders sharing fsyncs.
+    - `durability="none"` (default): an acknowledged send survives kill -9 of any process;
+      `"fsync"` also survives power loss, with concurrent senders sharing fsyncs.
+    - `members`: names to add to the roster (idempotent); a recipient must be a member.
+    - `rescan_interval`: the safety rescan behind file notifications, in seconds.
+    - `segment_bytes`: log size at which an inbox rotates into a new segment; recorded in
+      team.json when the team is created, and that recorded value wins afterwards.
+    - `max_envelope`: the largest encoded envelope accepted (bytes).
+    - `create=False`: refuse to create a team directory that does not exist.
     """
 
     def __init__(
@@ -517,7 +523,7 @@ class FileMailboxes(Mailboxes):
         durability: Durability = "none",
         members: Iterable[str] = (),
         rescan_interval: float = DEFAULT_RESCAN_INTERVAL,
-        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        segment_bytes: int | None = None,
         max_envelope: int = DEFAULT_MAX_ENVELOPE,
         create: bool = True,
     ) -> None:
