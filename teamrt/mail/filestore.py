@@ -44,7 +44,7 @@ from teamrt.errors import (
 )
 from teamrt.mail import inotify
 from teamrt.mail.group import GroupCommit
-from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, LineDecoder, Record, stamp
+from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Frame, LineSplitter, stamp
 from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, InboxReader, Store
 from teamrt.names import validate_name
 
@@ -366,7 +366,7 @@ class FileReader(InboxReader):
         self.segment = 0
         self.fd = -1
         self.ino = 0
-        self.decoder = LineDecoder(max_line=store.max_line)
+        self.decoder = LineSplitter(max_line=store.max_line)
         self._quarantined_upto = self._last_quarantined()
         self._cursor_gen = 0
         self._slot_size = CURSOR_SLOT
@@ -389,7 +389,7 @@ class FileReader(InboxReader):
 
     def seek(self, cursor: Cursor) -> None:
         self._open_segment(cursor.segment)
-        self.decoder = LineDecoder(cursor.offset, max_line=self.store.max_line)
+        self.decoder = LineSplitter(cursor.offset, max_line=self.store.max_line)
 
     def _open_segment(self, index: int) -> None:
         if self.fd >= 0:
@@ -415,7 +415,7 @@ class FileReader(InboxReader):
             break
         self.fd, self.segment = fd, index
         self.ino = os.fstat(fd).st_ino
-        self.decoder = LineDecoder(max_line=self.store.max_line)
+        self.decoder = LineSplitter(max_line=self.store.max_line)
 
     def _rotated(self, size: int) -> bool:
         """True if our segment was rotated away. Rotation happens only to a file that reached
@@ -427,7 +427,7 @@ class FileReader(InboxReader):
         except FileNotFoundError:
             return True  # mid-rotation: the new file is about to appear
 
-    def read(self) -> tuple[int, list[Record | Corrupt]]:
+    def read(self) -> tuple[int, list[Frame]]:
         offset = self.decoder.offset
         size = os.fstat(self.fd).st_size
         if size > offset:
@@ -439,11 +439,11 @@ class FileReader(InboxReader):
         size = os.fstat(self.fd).st_size
         if size > offset:
             return self.segment, self.decoder.feed(os.pread(self.fd, size - offset, offset))
-        leftover = self.decoder.pending
+        leftover = self.decoder.flush()
         segment = self.segment
         self._open_segment(segment + 1)
-        if leftover:  # rotation seals torn tails, so this only happens to hand-edited files
-            return segment, [Corrupt(offset - leftover, offset, "unterminated last line", b"")]
+        if leftover is not None:  # rotation seals torn tails: only hand-edited files get here
+            return segment, [leftover]
         return self.read()
 
     def has_new(self) -> bool:

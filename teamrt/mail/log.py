@@ -132,11 +132,17 @@ def _reason(exc: ValidationError) -> str:
     return f"schema: {where}: {first['msg']}"
 
 
-class LineDecoder:
-    """Incremental decoder over a byte stream that starts at `offset`.
+#: One complete line: (offset, end, raw bytes without the newline, too_long).
+Frame = tuple[int, int, bytes, bool]
 
-    `feed()` accepts any split of the stream and returns the same items as feeding it whole.
-    It never raises on bad data, and holds at most `max_line` bytes of an unterminated tail.
+
+class LineSplitter:
+    """Frames a byte stream that starts at `offset` into complete lines, without decoding them.
+
+    `feed()` accepts any split of the stream and returns the same frames as feeding it whole. A
+    tail without its newline is held back (it may be a write in progress); at most `max_line`
+    bytes of a line are ever held, and a longer line comes out once, marked `too_long`. Blank
+    lines are skipped.
     """
 
     __slots__ = ("_kept", "_max_line", "_skip_start", "_skipping", "_tail", "offset")
@@ -159,52 +165,45 @@ class LineDecoder:
         """Offset just after the last complete line seen."""
         return self._skip_start if self._skipping else self.offset - len(self._tail)
 
-    def feed(self, data: bytes) -> list[Record | Corrupt]:
-        items: list[Record | Corrupt] = []
+    def feed(self, data: bytes) -> list[Frame]:
+        frames: list[Frame] = []
         if not data:
-            return items
+            return frames
         base = self.offset - len(self._tail)
         self.offset += len(data)
         buf = self._tail + data if self._tail else data
         last_nl = buf.rfind(b"\n")
         if last_nl < 0:
             self._hold(buf, base)
-            return items
+            return frames
         pos = 0
-        if self._skipping:
-            # the rest of an over-long line: report it once, with the bytes we kept
+        if self._skipping:  # the rest of an over-long line: report it once, with what we kept
             nl = buf.find(b"\n")
-            items.append(
-                Corrupt(
-                    self._skip_start,
-                    base + nl + 1,
-                    f"line longer than {self._max_line} bytes",
-                    self._kept,
-                )
-            )
+            frames.append((self._skip_start, base + nl + 1, self._kept, True))
             self._skipping = False
             pos = nl + 1
             self._tail = b""
+        max_line = self._max_line
         for line in buf[pos:last_nl].split(b"\n") if pos <= last_nl else ():
             end = pos + len(line) + 1
-            if len(line) > self._max_line:
-                items.append(
-                    Corrupt(
-                        base + pos,
-                        base + end,
-                        f"line longer than {self._max_line} bytes",
-                        line[: self._max_line],
-                    )
-                )
+            if len(line) > max_line:
+                frames.append((base + pos, base + end, line[:max_line], True))
             elif line and not line.isspace():
-                decoded = decode_line(line)
-                if isinstance(decoded, str):
-                    items.append(Corrupt(base + pos, base + end, decoded, line))
-                else:
-                    items.append(Record(decoded, base + pos, base + end))
+                frames.append((base + pos, base + end, line, False))
             pos = end
         self._hold(buf[last_nl + 1 :], base + last_nl + 1)
-        return items
+        return frames
+
+    def flush(self) -> Frame | None:
+        """The held tail as a frame, for a stream that is known to be finished."""
+        if self._skipping:
+            self._skipping = False
+            return (self._skip_start, self.offset, self._kept, True)
+        if not self._tail:
+            return None
+        frame = (self.offset - len(self._tail), self.offset, self._tail, False)
+        self._tail = b""
+        return frame
 
     def _hold(self, rest: bytes, rest_offset: int) -> None:
         if self._skipping:
@@ -216,6 +215,27 @@ class LineDecoder:
             self._tail = b""
         else:
             self._tail = rest
+
+
+def decode_frame(frame: Frame, max_line: int = DEFAULT_MAX_LINE) -> Record | Corrupt:
+    """Decode one framed line into a `Record`, or a `Corrupt` saying why it is unusable."""
+    offset, end, raw, too_long = frame
+    if too_long:
+        return Corrupt(offset, end, f"line longer than {max_line} bytes", raw)
+    decoded = decode_line(raw)
+    if isinstance(decoded, str):
+        return Corrupt(offset, end, decoded, raw)
+    return Record(decoded, offset, end)
+
+
+class LineDecoder(LineSplitter):
+    """A `LineSplitter` that decodes every line it frames (for tools that read whole logs)."""
+
+    __slots__ = ()
+
+    def feed(self, data: bytes) -> list[Record | Corrupt]:  # type: ignore[override]
+        max_line = self._max_line
+        return [decode_frame(frame, max_line) for frame in super().feed(data)]
 
 
 def decode_all(

@@ -38,7 +38,14 @@ from teamrt.errors import (
 )
 from teamrt.mail.filestore import FileStore
 from teamrt.mail.group import GroupCommit
-from teamrt.mail.log import AckTracker, Corrupt, encode
+from teamrt.mail.log import (
+    AckTracker,
+    Corrupt,
+    Frame,
+    Record,
+    decode_frame,
+    encode,
+)
 from teamrt.mail.memory import MemoryStore
 from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Store
 
@@ -102,7 +109,10 @@ class Inbox:
         cursor = self._reader.load_cursor()
         self._reader.seek(cursor)
         self._tracker = AckTracker(cursor)
-        self._ready: deque[Envelope] = deque()
+        self._ready: deque[Envelope] = deque()  # decoded by _pump(), not yet received
+        self._frames: deque[Frame] = deque()  # read, not yet decoded
+        self._segment = cursor.segment  # the segment the frames come from
+        self._max_line = store.max_line
         self._event: anyio.Event | None = None
         self._pending: dict[str, _Reply] = {}
         self._answered = _BoundedSet(_REMEMBERED_REQUESTS)
@@ -116,13 +126,14 @@ class Inbox:
 
     def receive_nowait(self) -> Envelope:
         """The next envelope, or raise `anyio.WouldBlock` if none is there yet."""
-        if not self._ready:
-            if self._closed:
-                raise MailboxClosed(f"{self.name}'s inbox is closed")
-            self._fill(all_of_it=False)
-            if not self._ready:
-                raise WouldBlock
-        return self._ready.popleft()
+        if self._ready:
+            return self._ready.popleft()
+        if self._closed:
+            raise MailboxClosed(f"{self.name}'s inbox is closed")
+        envelope = self._next()
+        if envelope is None:
+            raise WouldBlock
+        return envelope
 
     async def receive(self, timeout: float | None = None) -> Envelope:
         """Wait for the next envelope; raise `ReceiveTimeout` after `timeout` seconds."""
@@ -175,7 +186,7 @@ class Inbox:
     def statistics(self) -> InboxStatistics:
         return InboxStatistics(
             self.name,
-            len(self._ready),
+            len(self._ready) + len(self._frames),
             self._tracker.unacked,
             len(self._pending),
             self._quarantined,
@@ -207,7 +218,7 @@ class Inbox:
         event = self._event
         if event is None:
             event = self._event = anyio.Event()
-        if self._ready or self._reader.has_new():  # arrived before the event existed
+        if self._ready or self._frames or self._reader.has_new():  # came before the event
             return True
         if deadline == math.inf:
             await event.wait()
@@ -220,51 +231,62 @@ class Inbox:
             return True
         return False
 
-    def _fill(self, *, all_of_it: bool) -> bool:
-        """Read new lines and sort them; True if a pending request was answered."""
-        tracker = self._tracker
-        answered = False
+    def _next(self) -> Envelope | None:
+        """Decode lines until one is for `receive`; None when nothing more is there.
+
+        Lines are decoded one at a time, as they are handed out, so a large backlog never turns
+        into a large batch of live envelopes (which the garbage collector would keep scanning).
+        """
+        frames = self._frames
         while True:
-            segment, items = self._reader.read()
-            if not items:
-                break
-            for item in items:
-                if isinstance(item, Corrupt):
-                    self._reader.quarantine(segment, item)
-                    tracker.skipped((segment, item.end))
-                    self._quarantined += 1
-                    continue
-                envelope = item.envelope
-                position = (segment, item.end)
-                if tracker.is_duplicate(envelope.id):
-                    tracker.skipped(position, envelope.seq, envelope.id)
-                    self._duplicates += 1
-                    continue
-                if isinstance(envelope, Response):
-                    request_id = envelope.in_reply_to
-                    reply = self._pending.pop(request_id, None)
-                    if reply is not None:
-                        reply.response = envelope
-                        self._answered.add(request_id)
-                        tracker.delivered(envelope.id, position, envelope.seq)  # type: ignore[arg-type]
-                        tracker.ack(envelope.id)
-                        answered = True
-                        continue
-                    if request_id in self._answered:
-                        tracker.skipped(position, envelope.seq, envelope.id)
-                        self._duplicate_responses += 1
-                        continue
-                    if request_id in self._timed_out:
-                        self._late += 1
-                tracker.delivered(envelope.id, position, envelope.seq)  # type: ignore[arg-type]
-                self._ready.append(envelope)
-            if not all_of_it and self._ready:
-                break
-        if answered:
-            self._commits.ticket()  # routed responses are handled: commit them in the background
-            self._mailboxes._commit_soon(self)
-            self._signal()  # requesters waiting on this inbox check their replies
-        return answered
+            if not frames:
+                segment, new = self._reader.read()
+                if not new:
+                    return None
+                self._segment = segment
+                frames.extend(new)
+            envelope = self._sort(decode_frame(frames.popleft(), self._max_line))
+            if envelope is not None:
+                return envelope
+
+    def _sort(self, item: Record | Corrupt) -> Envelope | None:
+        """Handle one decoded line; return it if it is for `receive`."""
+        tracker, segment = self._tracker, self._segment
+        if isinstance(item, Corrupt):
+            self._reader.quarantine(segment, item)
+            tracker.skipped((segment, item.end))
+            self._quarantined += 1
+            return None
+        envelope, position = item.envelope, (segment, item.end)
+        if tracker.is_duplicate(envelope.id):
+            tracker.skipped(position, envelope.seq, envelope.id)
+            self._duplicates += 1
+            return None
+        tracker.delivered(envelope.id, position, envelope.seq)  # type: ignore[arg-type]
+        if isinstance(envelope, Response):
+            request_id = envelope.in_reply_to
+            reply = self._pending.pop(request_id, None)
+            if reply is not None:
+                reply.response = envelope
+                self._answered.add(request_id)
+                tracker.ack(envelope.id)  # handled by request(): commit it in the background
+                self._commits.ticket()
+                self._mailboxes._commit_soon(self)
+                self._signal()  # requesters waiting on this inbox check their replies
+                return None
+            if request_id in self._answered:
+                tracker.ack(envelope.id)
+                self._duplicate_responses += 1
+                return None
+            if request_id in self._timed_out:
+                self._late += 1
+        return envelope
+
+    def _pump(self) -> None:
+        """Read everything there is, so that responses reach their requests; envelopes for
+        `receive` wait in order in the ready queue."""
+        while (envelope := self._next()) is not None:
+            self._ready.append(envelope)
 
     def _close(self) -> None:
         self._closed = True
@@ -443,7 +465,7 @@ class Mailboxes:
         try:
             await self.send(envelope)
             while reply.response is None:
-                inbox._fill(all_of_it=True)
+                inbox._pump()
                 if reply.response is not None or not await inbox._wait(deadline):
                     break
         finally:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from anyio.abc import TaskStatus
 
 from teamrt.errors import UnknownRecipient
-from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, LineDecoder, Record, stamp
+from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Frame, LineSplitter, stamp
 from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, InboxReader, Store
 from teamrt.names import validate_name
 
@@ -31,15 +31,15 @@ class MemoryReader(InboxReader):
     def __init__(self, inbox: _MemoryInbox, max_line: int) -> None:
         self._inbox = inbox
         self._max_line = max_line
-        self.decoder = LineDecoder(max_line=max_line)
+        self.decoder = LineSplitter(max_line=max_line)
 
     def load_cursor(self) -> Cursor:
         return self._inbox.cursor
 
     def seek(self, cursor: Cursor) -> None:
-        self.decoder = LineDecoder(cursor.offset, max_line=self._max_line)
+        self.decoder = LineSplitter(cursor.offset, max_line=self._max_line)
 
-    def read(self) -> tuple[int, list[Record | Corrupt]]:
+    def read(self) -> tuple[int, list[Frame]]:
         offset = self.decoder.offset
         data = self._inbox.data
         if len(data) <= offset:

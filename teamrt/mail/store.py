@@ -14,7 +14,7 @@ from typing import Literal
 
 from anyio.abc import TaskStatus
 
-from teamrt.mail.log import Corrupt, Cursor, Record
+from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Frame
 
 Durability = Literal["none", "fsync"]
 
@@ -34,8 +34,9 @@ class InboxReader(ABC):
         """Position the reader at `cursor`."""
 
     @abstractmethod
-    def read(self) -> tuple[int, list[Record | Corrupt]]:
-        """Complete lines written since the last read, with the segment they are in.
+    def read(self) -> tuple[int, list[Frame]]:
+        """Complete lines written since the last read, framed but not decoded, with the
+        segment they are in (decoding is left to the caller, one line at a time).
 
         Returns `(segment, [])` when nothing new is there. Never blocks, never raises on bad data.
         """
@@ -61,6 +62,7 @@ class Store(ABC):
 
     team: str
     max_envelope: int = DEFAULT_MAX_ENVELOPE
+    max_line: int = DEFAULT_MAX_LINE  # longer lines are quarantined unread
     durability: Durability = "none"
     needs_polling: bool = False  # True where no file notifications exist
     blocking_commits: bool = False  # True if cursor commits should run in a worker thread
