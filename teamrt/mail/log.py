@@ -345,13 +345,16 @@ class AckTracker:
         for id_ in self.committed.recent:
             self._remember(id_)
 
-    def is_duplicate(self, id_: str) -> bool:
-        """True if `id_` was handled already (recently, or acked ahead of the cursor)."""
-        return id_ in self._recent_set or id_ in self._outstanding or id_ in self._acked_ahead
-
-    def delivered(self, id_: str, end: Position, seq: int) -> None:
-        self._pending.append((id_, end[0], end[1], seq, False))
+    def deliver(self, id_: str, segment: int, end: int, seq: int | None) -> bool:
+        """Record a delivery in log order; False (the line is then skipped) if `id_` was
+        handled already: recently, acked ahead of the cursor, or delivered and not yet acked."""
+        seq = -1 if seq is None else seq
+        if id_ in self._recent_set or id_ in self._outstanding or id_ in self._acked_ahead:
+            self._pending.append((id_, segment, end, seq, True))
+            return False
+        self._pending.append((id_, segment, end, seq, False))
         self._outstanding.add(id_)
+        return True
 
     def skipped(self, end: Position, seq: int | None = None, id_: str | None = None) -> None:
         """An item handled without the owner's ack: a corrupt line, a duplicate, an acked id."""

@@ -42,8 +42,7 @@ from teamrt.mail.log import (
     AckTracker,
     Corrupt,
     Frame,
-    Record,
-    decode_frame,
+    decode_line,
     encode,
 )
 from teamrt.mail.memory import MemoryStore
@@ -236,8 +235,9 @@ class Inbox:
 
         Lines are decoded one at a time, as they are handed out, so a large backlog never turns
         into a large batch of live envelopes (which the garbage collector would keep scanning).
+        This is the receive hot path: it avoids intermediate objects for good lines.
         """
-        frames = self._frames
+        frames, tracker = self._frames, self._tracker
         while True:
             if not frames:
                 segment, new = self._reader.read()
@@ -245,42 +245,43 @@ class Inbox:
                     return None
                 self._segment = segment
                 frames.extend(new)
-            envelope = self._sort(decode_frame(frames.popleft(), self._max_line))
-            if envelope is not None:
-                return envelope
+            frame = frames.popleft()
+            _, end, raw, too_long = frame
+            decoded = decode_line(raw) if not too_long else None
+            if not isinstance(decoded, Envelope):
+                reason = decoded or f"line longer than {self._max_line} bytes"
+                self._quarantine(Corrupt(frame[0], end, reason, raw))
+                continue
+            if not tracker.deliver(decoded.id, self._segment, end, decoded.seq):
+                self._duplicates += 1
+                continue
+            if not isinstance(decoded, Response) or self._route(decoded):
+                return decoded
 
-    def _sort(self, item: Record | Corrupt) -> Envelope | None:
-        """Handle one decoded line; return it if it is for `receive`."""
-        tracker, segment = self._tracker, self._segment
-        if isinstance(item, Corrupt):
-            self._reader.quarantine(segment, item)
-            tracker.skipped((segment, item.end))
-            self._quarantined += 1
-            return None
-        envelope, position = item.envelope, (segment, item.end)
-        if tracker.is_duplicate(envelope.id):
-            tracker.skipped(position, envelope.seq, envelope.id)
-            self._duplicates += 1
-            return None
-        tracker.delivered(envelope.id, position, envelope.seq)  # type: ignore[arg-type]
-        if isinstance(envelope, Response):
-            request_id = envelope.in_reply_to
-            reply = self._pending.pop(request_id, None)
-            if reply is not None:
-                reply.response = envelope
-                self._answered.add(request_id)
-                tracker.ack(envelope.id)  # handled by request(): commit it in the background
-                self._commits.ticket()
-                self._mailboxes._commit_soon(self)
-                self._signal()  # requesters waiting on this inbox check their replies
-                return None
-            if request_id in self._answered:
-                tracker.ack(envelope.id)
-                self._duplicate_responses += 1
-                return None
-            if request_id in self._timed_out:
-                self._late += 1
-        return envelope
+    def _quarantine(self, item: Corrupt) -> None:
+        self._reader.quarantine(self._segment, item)
+        self._tracker.skipped((self._segment, item.end))
+        self._quarantined += 1
+
+    def _route(self, response: Response) -> bool:
+        """Hand a response to the request awaiting it; True if it is for `receive` instead."""
+        request_id = response.in_reply_to
+        reply = self._pending.pop(request_id, None)
+        if reply is not None:
+            reply.response = response
+            self._answered.add(request_id)
+            self._tracker.ack(response.id)  # handled by request(): commit in the background
+            self._commits.ticket()
+            self._mailboxes._commit_soon(self)
+            self._signal()  # requesters waiting on this inbox check their replies
+            return False
+        if request_id in self._answered:
+            self._tracker.ack(response.id)
+            self._duplicate_responses += 1
+            return False
+        if request_id in self._timed_out:
+            self._late += 1
+        return True
 
     def _pump(self) -> None:
         """Read everything there is, so that responses reach their requests; envelopes for
