@@ -102,9 +102,12 @@ def _write_all(fd: int, data: bytes, size: int, what: str, torn_after: int | Non
         raise _translate(exc, what) from None
 
 
-def _last_seq(fd: int, size: int) -> int | None:
-    """The seq of the last complete, well-formed line, reading backwards from the end."""
-    window = _TAIL_WINDOW
+def _last_seq(fd: int, size: int, window: int = _TAIL_WINDOW) -> int | None:
+    """The seq of the last complete, well-formed line, reading backwards from the end.
+
+    `window` is how much to read first: just what other writers added since our last append,
+    in the common case, so the locked section stays short under contention.
+    """
     while True:
         start = max(0, size - window)
         chunk = os.pread(fd, size - start, start)
@@ -310,7 +313,10 @@ class _Appender:
             _write_all(self.fd, b"\n", size, f"seal torn tail of {self.paths.name}'s inbox")
             size += 1
             self.sealed += 1
-        last = _last_seq(self.fd, size) if size > 0 else None
+        known = self.known_size
+        # what others appended since our last append, plus the newline that ended ours
+        window = size - known + 1 if 0 < known < size else _TAIL_WINDOW
+        last = _last_seq(self.fd, size, window) if size > 0 else None
         if last is None:
             last = self._last_seq_before(self.segment)
         self.next_seq = last + 1
