@@ -26,7 +26,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest --cov=teamrt --cov-report=term-missing:skip-covered
 
 bench: $(STAMP)
 	$(BIN)/teamrt bench

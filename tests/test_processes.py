@@ -160,9 +160,9 @@ async def test_writers_killed_at_random_never_lose_an_acked_envelope(
 
     got, quarantined = await _drain_all(team)
     delivered = {e.id for e in got}
+    assert sum(len(_acked(path)) for path in acks.values()) > 0, "every kill came too early"
     for name, path in acks.items():
         acked = _acked(path)
-        assert acked, f"{name} never got an acknowledgement: kills came too early"
         missing = [row for row in acked if row[0] not in delivered]
         assert missing == []  # every acknowledged envelope is delivered
         order = [e.body["i"] for e in got if e.sender == name]
