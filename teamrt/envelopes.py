@@ -156,13 +156,13 @@ class Envelope(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     seq: int | None = None
+    team: str | None = None
     v: int = FORMAT_VERSION
     id: str = Field(default_factory=new_id, min_length=1, max_length=64)
     kind: Kind
     type: str = Field(default="text", min_length=1, max_length=64)
     sender: Name
     recipient: str
-    team: str | None = None
     in_reply_to: str | None = None
     trace_id: str | None = None
     ts: float = Field(default_factory=time.time)

@@ -103,7 +103,7 @@ def test_overlong_line_is_reported_once_with_bounded_memory() -> None:
 def test_decode_line_reasons() -> None:
     assert decode_line(b"{nope").startswith("json:")  # type: ignore[union-attr]
     assert decode_line(b'{"seq":1,"kind":"telegram"}').startswith("schema:")  # type: ignore[union-attr]
-    no_seq = encode(Envelope.message("lead", "worker", 1))
+    no_seq = b"{" + encode(Envelope.message("lead", "worker", 1))
     assert decode_line(no_seq) == "schema: seq: field required"
     bad_name = _line(1).replace(b'"worker"', b'"../etc"')[:-1]
     reason = decode_line(bad_name)

@@ -44,7 +44,15 @@ from teamrt.errors import (
 )
 from teamrt.mail import inotify
 from teamrt.mail.group import GroupCommit
-from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Frame, LineSplitter, stamp
+from teamrt.mail.log import (
+    DEFAULT_MAX_LINE,
+    Corrupt,
+    Cursor,
+    Frame,
+    LineSplitter,
+    stamp,
+    stamp_many,
+)
 from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, InboxReader, Store
 from teamrt.names import validate_name
 
@@ -293,7 +301,7 @@ class _Appender:
         if len(encoded) == 1:
             line = stamp(encoded[0], first, team)
         else:
-            line = b"".join([stamp(item, first + i, team) for i, item in enumerate(encoded)])
+            line = stamp_many(encoded, first, team)
         torn = None
         if store.fault is not None:
             store.fault_countdown -= 1

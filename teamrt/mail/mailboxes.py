@@ -421,8 +421,9 @@ class Mailboxes:
         self._check_open()
         batch: list[bytes] = []
         recipient = None
+        encode_one = self._encode
         for envelope in envelopes:
-            if isinstance(envelope, Broadcast) or envelope.recipient != recipient:
+            if envelope.recipient != recipient or isinstance(envelope, Broadcast):
                 if batch:
                     await self._append_batch(recipient, batch)  # type: ignore[arg-type]
                     batch = []
@@ -431,7 +432,7 @@ class Mailboxes:
                     recipient = None
                     continue
                 recipient = envelope.recipient
-            batch.append(self._encode(envelope))
+            batch.append(encode_one(envelope))
         if batch:
             await self._append_batch(recipient, batch)  # type: ignore[arg-type]
 
