@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +67,7 @@ def stamp(encoded: bytes, seq: int, team: bytes) -> bytes:
     return b'{"seq":%d,"team":"%b",%b\n' % (seq, team, encoded)
 
 
-def stamp_many(encoded: list[bytes] | tuple[bytes, ...], first_seq: int, team: bytes) -> bytes:
+def stamp_many(encoded: Sequence[bytes], first_seq: int, team: bytes) -> bytes:
     """Consecutive stamped lines for a batch, as one buffer for one write."""
     return b"".join(
         [
