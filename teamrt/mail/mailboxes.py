@@ -497,7 +497,8 @@ class Mailboxes:
 
     def _commit_soon(self, inbox: Inbox) -> None:
         self._to_commit.add(inbox)
-        self._commit_wanted.set()
+        if not self._commit_wanted.is_set():  # wake the committer once per batch, not per ack
+            self._commit_wanted.set()
 
     async def _committer(self) -> None:
         """Commits cursors for ack_nowait() and routed responses, off the caller's path.
@@ -508,8 +509,8 @@ class Mailboxes:
         while True:
             await self._commit_wanted.wait()
             await anyio.sleep(self._commit_delay)  # let a burst of acks share one commit
-            self._commit_wanted = anyio.Event()
             inboxes, self._to_commit = self._to_commit, set()
+            self._commit_wanted = anyio.Event()
             for inbox in inboxes:
                 with contextlib.suppress(StoreError):
                     await inbox.flush()
