@@ -17,7 +17,13 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     │   └── DurabilityError                  fsync failed: the send is NOT acknowledged
     ├── ReceiveTimeout(TimeoutError)         nothing arrived in an inbox in time
     ├── RequestTimeout(TimeoutError)         a peer did not answer before the deadline
-    └── RemoteError                          a peer answered with an error response
+    ├── RemoteError                          a peer answered with an error response
+    ├── LimitExceeded                        an agent hit one of its limits (a clean stop)
+    └── ModelError                           the model service failed or answered nonsense
+        ├── ModelRequestsBlocked             a real model call while they are switched off
+        ├── MissingAPIKey                    no API key in the arguments or the environment
+        ├── ModelTimeout(TimeoutError)       the model did not answer in time (after retries)
+        └── ScriptExhausted                  a ScriptedModel was called after its last reply
 
 Third-party exceptions (OSError from the file system, pydantic's ValidationError) are translated
 into these at the one boundary where they occur.
@@ -93,6 +99,41 @@ class RequestTimeout(TeamrtError, TimeoutError):
     def __init__(self, message: str, request: Envelope) -> None:
         super().__init__(message)
         self.request = request
+
+
+class ModelError(TeamrtError):
+    """The model service failed (after retries), or answered with something unusable."""
+
+    def __init__(self, message: str, *, status: int | None = None, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+        self.attempts = attempts
+
+
+class ModelRequestsBlocked(ModelError):
+    """A real model was called while real model requests are switched off (as in tests)."""
+
+
+class MissingAPIKey(ModelError):
+    """No API key was given and none is set in the environment."""
+
+
+class ModelTimeout(ModelError, TimeoutError):
+    """The model did not answer within the request timeout, on every attempt."""
+
+
+class ScriptExhausted(ModelError):
+    """A ScriptedModel was called after it had given its last scripted reply."""
+
+
+class LimitExceeded(TeamrtError):
+    """An agent reached a limit. Carries the limit's name, its value and what was used."""
+
+    def __init__(self, limit: str, value: float, used: float, lead: str) -> None:
+        super().__init__(f"{lead} {limit}={value:g} (used {used:g})")
+        self.limit = limit
+        self.value = value
+        self.used = used
 
 
 class RemoteError(TeamrtError):

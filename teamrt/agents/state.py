@@ -1,0 +1,106 @@
+"""An agent's state as data, and the report every run ends with.
+
+All mutable state of a run lives in one `AgentState`: it can be logged, saved after each step,
+and resumed after a crash. A run always ends in a `RunReport` that says why it stopped (which
+limit, with its numbers), what it did, what it cost, and the answer or the partial work.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from teamrt.models.base import ChatMessage, Usage
+
+StopReason = Literal["answer", "limit", "malformed_reply", "model_error"]
+
+#: How many recent tool-call signatures and result digests the no-progress checks remember.
+#: Bounded, so that saving the state after a step costs the same at step 1,000 as at step 10.
+PROGRESS_MEMORY = 256
+
+
+class Stop(BaseModel):
+    """Why a run stopped."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reason: StopReason
+    detail: str
+    limit: str | None = None  # for reason "limit": which one
+    value: float | None = None  # its configured value
+    used: float | None = None  # what had been used
+
+
+class AgentState(BaseModel):
+    """Everything about a run that changes, in one serialisable place."""
+
+    agent: str
+    task: str
+    messages: list[ChatMessage]
+    pinned: int = 1  # leading messages (instructions, task) that memory never drops
+    steps: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    consecutive_errors: int = 0
+    stale_steps: int = 0
+    nudges: int = 0  # malformed replies in a row
+    usage: Usage = Usage()
+    cost: float = 0.0
+    cost_known: bool = True
+    elapsed: float = 0.0  # wall-clock seconds across every run of this state
+    context_tokens: int = 0  # estimate of the conversation's size
+    compactions: int = 0
+    call_counts: dict[str, int] = Field(default_factory=dict)  # signature -> times called
+    seen_results: list[str] = Field(default_factory=list)  # digests of recent tool results
+    answer: str | None = None
+    stop: Stop | None = None
+
+    def count_call(self, signature: str) -> int:
+        """How many times this exact call was made before; then remember one more."""
+        counts = self.call_counts  # insertion-ordered: re-inserting moves a key to the end
+        before = counts.pop(signature, 0)
+        counts[signature] = before + 1
+        if len(counts) > PROGRESS_MEMORY:
+            del counts[next(iter(counts))]
+        return before
+
+    def is_new_result(self, digest: str) -> bool:
+        if digest in self.seen_results:
+            return False
+        self.seen_results.append(digest)
+        if len(self.seen_results) > PROGRESS_MEMORY:
+            del self.seen_results[0]
+        return True
+
+
+class RunReport(BaseModel):
+    """How a run ended: the reason, the work done, the spend, the answer or partial work."""
+
+    model_config = ConfigDict(frozen=True)
+
+    agent: str
+    task: str
+    stop: Stop
+    answer: str | None
+    partial: str | None  # the last thing the agent produced, when there is no answer
+    steps: int
+    tool_calls: int
+    tool_errors: int
+    usage: Usage
+    cost: float | None  # USD; None if the model has no price
+    elapsed: float
+    compactions: int
+
+    @property
+    def ok(self) -> bool:
+        return self.stop.reason == "answer"
+
+    def summary(self) -> str:
+        cost = "cost unknown" if self.cost is None else f"${self.cost:.4f}"
+        head = f"{self.agent}: stopped ({self.stop.reason}): {self.stop.detail}"
+        return (
+            f"{head}; {self.steps} steps, {self.tool_calls} tool calls "
+            f"({self.tool_errors} failed), {self.usage.total_tokens} tokens, {cost}, "
+            f"{self.elapsed:.2f}s"
+        )

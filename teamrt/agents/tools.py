@@ -1,0 +1,193 @@
+"""Tools: plain functions, described to the model by a JSON schema from their type hints.
+
+    @tool
+    def check_inventory(sku: str) -> dict[str, int]:
+        "How many of `sku` are in stock."
+        ...
+
+Arguments are validated against the schema before the function runs, so it never sees bad
+input; a validation error, an exception raised by the tool, or an unknown tool name goes back to
+the model as data (`{"error": "Type: message"}`), never as a crash. Output is capped in size.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, get_type_hints, overload
+
+import anyio
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from teamrt.errors import UsageError
+from teamrt.models.base import ToolCall, ToolSpec
+
+DEFAULT_MAX_OUTPUT = 8000  # characters of a tool result the model gets to see
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool call produced, as the text the model will read."""
+
+    content: str
+    ok: bool
+
+
+def _error(kind: str, message: str) -> ToolResult:
+    return ToolResult(json.dumps({"error": f"{kind}: {message}"}), ok=False)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False)[:5]:
+        where = ".".join(str(p) for p in error["loc"]) or "arguments"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call."""
+
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    args_model: type[BaseModel]
+    is_async: bool
+    thread: bool = False
+    max_output: int = DEFAULT_MAX_OUTPUT
+
+    @property
+    def spec(self) -> ToolSpec:
+        schema = self.args_model.model_json_schema()
+        schema.pop("title", None)
+        return ToolSpec(name=self.name, description=self.description, parameters=schema)
+
+    def parse(self, arguments: str) -> BaseModel | ToolResult:
+        """Validate the model's argument text; a `ToolResult` error if it does not fit."""
+        try:
+            return self.args_model.model_validate_json(arguments or "{}")
+        except ValidationError as exc:
+            return _error("ValidationError", _validation_message(exc))
+
+    async def call(self, args: BaseModel) -> ToolResult:
+        """Run the tool on validated arguments; exceptions come back as an error result."""
+        kwargs = {name: getattr(args, name) for name in type(args).model_fields}
+        try:
+            if self.is_async:
+                result = await self.fn(**kwargs)
+            elif self.thread:
+                result = await anyio.to_thread.run_sync(lambda: self.fn(**kwargs))
+            else:
+                result = self.fn(**kwargs)
+        except Exception as exc:  # the tool's failure is data for the model, by design
+            return _error(type(exc).__name__, str(exc))
+        return ToolResult(self._render(result), ok=True)
+
+    def _render(self, result: Any) -> str:
+        if isinstance(result, str):
+            text = result
+        elif isinstance(result, BaseModel):
+            text = result.model_dump_json()
+        else:
+            text = json.dumps(result, default=str, ensure_ascii=False)
+        if len(text) > self.max_output:
+            dropped = len(text) - self.max_output
+            text = f"{text[: self.max_output]}... [cut {dropped} of {len(text)} characters]"
+        return text
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    thread: bool = False,
+    max_output: int = DEFAULT_MAX_OUTPUT,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    thread: bool = False,
+    max_output: int = DEFAULT_MAX_OUTPUT,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a function (sync or async) into a `Tool`. Use bare (`@tool`) or with options.
+
+    `thread=True` runs a sync function in a worker thread (for blocking I/O); otherwise a sync
+    tool runs on the event loop and should be quick.
+    """
+
+    def make(fn: Callable[..., Any]) -> Tool:
+        signature = inspect.signature(fn)
+        hints = get_type_hints(fn)
+        fields: dict[str, Any] = {}
+        for param in signature.parameters.values():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise UsageError(f"tool {fn.__name__}: *args and **kwargs cannot be described")
+            annotation = hints.get(param.name, Any)
+            default = ... if param.default is param.empty else param.default
+            fields[param.name] = (annotation, default)
+        args_model = create_model(
+            f"{fn.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        doc = inspect.getdoc(fn) or ""
+        return Tool(
+            name=name or fn.__name__,
+            description=description or doc.split("\n\n")[0].replace("\n", " "),
+            fn=fn,
+            args_model=args_model,
+            is_async=inspect.iscoroutinefunction(fn),
+            thread=thread,
+            max_output=max_output,
+        )
+
+    return make(fn) if fn is not None else make
+
+
+class Toolbox:
+    """The tools an agent has, by name."""
+
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for item in tools:
+            self.add(item if isinstance(item, Tool) else tool(item))
+
+    def add(self, item: Tool) -> None:
+        if item.name in self._tools:
+            raise UsageError(f"two tools are named {item.name!r}")
+        self._tools[item.name] = item
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        return [t.spec for t in self._tools.values()]
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        """Validate and run one call; every failure comes back as an error result."""
+        found = self._tools.get(call.name)
+        if found is None:
+            available = ", ".join(self._tools) or "none"
+            return _error("UnknownTool", f"no tool named {call.name!r}; available: {available}")
+        args = found.parse(call.arguments)
+        if isinstance(args, ToolResult):
+            return args
+        return await found.call(args)
+
+
+ToolFunction = Callable[..., Any] | Callable[..., Awaitable[Any]]

@@ -1,0 +1,164 @@
+"""The model interface: provider-neutral messages and tool schemas in, a reply out.
+
+A `Model` takes the conversation (`ChatMessage`s) and the tools on offer (`ToolSpec`s) and returns
+a `ModelReply`: text, tool calls, or both, with token usage. Adapters translate to and from a
+provider's wire format at this one boundary; everything above it sees only these types.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from teamrt.errors import ModelRequestsBlocked
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class ToolCall(BaseModel):
+    """A model's request to run a tool. `arguments` is the JSON text exactly as the model wrote
+    it: it is validated by the tool, not trusted here."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+class ChatMessage(BaseModel):
+    """One message of a conversation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Role
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None  # on a tool result: the call it answers
+    name: str | None = None  # on a tool result: the tool's name
+
+    @classmethod
+    def system(cls, content: str) -> ChatMessage:
+        return cls(role="system", content=content)
+
+    @classmethod
+    def user(cls, content: str) -> ChatMessage:
+        return cls(role="user", content=content)
+
+    @classmethod
+    def tool_result(cls, call: ToolCall, content: str) -> ChatMessage:
+        return cls(role="tool", content=content, tool_call_id=call.id, name=call.name)
+
+
+class ToolSpec(BaseModel):
+    """A tool as the model sees it: name, description and a JSON schema for its arguments."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class Usage(BaseModel):
+    """Tokens used by one or more model calls."""
+
+    model_config = ConfigDict(frozen=True)
+
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            requests=self.requests + other.requests,
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
+class ModelReply(BaseModel):
+    """What the model answered: text, tool calls, or both."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = Usage(requests=1)
+    model: str = ""
+    finish_reason: str | None = None
+
+    def as_message(self) -> ChatMessage:
+        return ChatMessage(role="assistant", content=self.text, tool_calls=self.tool_calls)
+
+
+def message_tokens(message: ChatMessage) -> int:
+    """A cheap token estimate for budgets (4 characters a token, plus a little per message)."""
+    size = len(message.content or "")
+    for call in message.tool_calls:
+        size += len(call.name) + len(call.arguments)
+    return size // 4 + 4
+
+
+@runtime_checkable
+class Model(Protocol):
+    """Anything that can continue a conversation."""
+
+    @property
+    def name(self) -> str:
+        """The model's name, used to look up its price."""
+        ...
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> ModelReply: ...
+
+
+# --- the switch that keeps tests offline -------------------------------------------------------
+
+_ENV_SWITCH = "TEAMRT_ALLOW_MODEL_REQUESTS"
+_allowed: bool | None = None  # None: follow the environment
+
+
+def model_requests_allowed() -> bool:
+    """Whether adapters for real models may send requests (default: yes).
+
+    The test configuration switches this off, so a test can never call a real model by
+    accident; a test of an adapter against a local server switches it on explicitly.
+    """
+    if _allowed is not None:
+        return _allowed
+    return os.environ.get(_ENV_SWITCH, "1").lower() not in ("0", "false", "no")
+
+
+def set_model_requests_allowed(allowed: bool | None) -> None:
+    """Switch real model requests on or off for this process (None: follow the environment)."""
+    global _allowed
+    _allowed = allowed
+
+
+@contextmanager
+def allow_model_requests(allowed: bool = True) -> Iterator[None]:
+    """Temporarily switch real model requests on (or off)."""
+    previous = _allowed
+    set_model_requests_allowed(allowed)
+    try:
+        yield
+    finally:
+        set_model_requests_allowed(previous)
+
+
+def check_model_requests_allowed(model: str) -> None:
+    if not model_requests_allowed():
+        raise ModelRequestsBlocked(
+            f"refusing to call the real model {model!r}: real model requests are switched off "
+            f"(set {_ENV_SWITCH}=1 or use teamrt.models.allow_model_requests())"
+        )
