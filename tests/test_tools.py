@@ -1,0 +1,120 @@
+"""Tools: schemas from type hints, validation before the call, errors as data, output caps."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import anyio
+import anyio.lowlevel
+import pytest
+from pydantic import BaseModel
+
+from teamrt.agents import Tool, Toolbox, tool
+from teamrt.errors import UsageError
+from teamrt.models import ToolCall
+
+seen: list[object] = []
+
+
+class Window(BaseModel):
+    start: int
+    end: int
+
+
+@tool
+def search(query: str, limit: int = 3, mode: Literal["fast", "deep"] = "fast") -> list[str]:
+    """Search the notes.
+
+    Longer explanation that the model does not need."""
+    seen.append((query, limit, mode))
+    return [f"{query}-{i}" for i in range(limit)]
+
+
+@tool(name="read_lines", max_output=40)
+async def read(path: str, window: Window | None = None) -> str:
+    """Read a file's lines."""
+    await anyio.lowlevel.checkpoint()
+    if path == "missing":
+        raise FileNotFoundError(f"no such file: {path}")
+    return "x" * 100
+
+
+def _call(name: str, arguments: str) -> ToolCall:
+    return ToolCall(id="c1", name=name, arguments=arguments)
+
+
+def test_schema_comes_from_type_hints() -> None:
+    spec = search.spec
+    assert spec.name == "search" and spec.description == "Search the notes."
+    props = spec.parameters["properties"]
+    assert props["query"]["type"] == "string"
+    assert props["limit"]["default"] == 3
+    assert props["mode"]["enum"] == ["fast", "deep"]
+    assert spec.parameters["required"] == ["query"]
+    assert spec.parameters["additionalProperties"] is False
+    nested = read.spec.parameters
+    assert read.name == "read_lines" and "Window" in json.dumps(nested)
+
+
+async def test_valid_call_runs_the_function() -> None:
+    box = Toolbox([search])
+    result = await box.run(_call("search", '{"query": "inotify", "limit": 2}'))
+    assert result.ok and json.loads(result.content) == ["inotify-0", "inotify-1"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ('{"limit": 2}', "query: Field required"),
+        ('{"query": "x", "limit": "many"}', "limit: Input should be a valid integer"),
+        ('{"query": "x", "mode": "slow"}', "mode: Input should be 'fast' or 'deep'"),
+        ('{"query": "x", "extra": 1}', "extra: Extra inputs are not permitted"),
+        ("[1, 2]", "Input should be an object"),
+    ],
+)
+async def test_bad_arguments_never_reach_the_tool(arguments: str, message: str) -> None:
+    seen.clear()
+    result = await Toolbox([search]).run(_call("search", arguments))
+    assert not result.ok
+    assert json.loads(result.content)["error"].startswith("ValidationError: ")
+    assert message in result.content
+    assert seen == []
+
+
+async def test_exceptions_and_unknown_tools_are_data() -> None:
+    box = Toolbox([search, read])
+    failed = await box.run(_call("read_lines", '{"path": "missing"}'))
+    assert json.loads(failed.content) == {"error": "FileNotFoundError: no such file: missing"}
+    unknown = await box.run(_call("delete_everything", "{}"))
+    assert json.loads(unknown.content) == {
+        "error": "UnknownTool: no tool named 'delete_everything'; available: search, read_lines"
+    }
+
+
+async def test_output_is_capped() -> None:
+    result = await Toolbox([read]).run(_call("read_lines", '{"path": "a"}'))
+    assert result.ok
+    assert result.content == "x" * 40 + "... [cut 60 of 100 characters]"
+
+
+async def test_blocking_tool_in_a_thread() -> None:
+    @tool(thread=True)
+    def slow(n: int) -> int:
+        """Blocks."""
+        import time
+
+        time.sleep(0.01)
+        return n * 2
+
+    assert (await Toolbox([slow]).run(_call("slow", '{"n": 4}'))).content == "8"
+
+
+def test_bad_tool_definitions() -> None:
+    def star(*args: int) -> None: ...
+
+    with pytest.raises(UsageError, match=r"\*args"):
+        tool(star)
+    with pytest.raises(UsageError, match="two tools are named 'search'"):
+        Toolbox([search, search])
+    assert isinstance(Toolbox([lambda x: x]).get("<lambda>"), Tool)
