@@ -169,6 +169,7 @@ def test_bench_smoke_emits_every_figure(tmp_path: Path) -> None:
         "request -> response across processes, p50",
         "idle receiver in another process wakes, p50",
         "drain a backlog of 1,000",
+        "agent step, checkpointed, at step 10",
     ):
         assert figures[name]["value"] > 0
     assert figures["awaited sends, durability none"]["baseline_value"] > 0

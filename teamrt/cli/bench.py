@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import gc
+import itertools
 import json
 import os
 import shutil
@@ -19,16 +20,18 @@ import sys
 import tempfile
 import time
 from array import array
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 
+from teamrt.agents import Agent, Limits, Memory, tool
 from teamrt.envelopes import Envelope, Message, new_id
 from teamrt.mail.log import encode, stamp
 from teamrt.mail.mailboxes import FileMailboxes, Inbox
+from teamrt.models import ChatMessage, ModelReply, ScriptedModel, ToolSpec, call
 
 MEMBERS = ("lead", "echo", "sink")
 
@@ -59,14 +62,15 @@ class Sizes:
     wakes: int
     depth_small: int
     depth_large: int
+    agent_steps: int
 
     @classmethod
     def pick(cls, quick: bool, smoke: bool) -> Sizes:
         if smoke:
-            return cls(400, 40, 100, 40, 10, 100, 1000)
+            return cls(400, 40, 100, 40, 10, 100, 1000, 60)
         if quick:
-            return cls(5000, 300, 2000, 500, 50, 1000, 100_000)
-        return cls(20000, 1000, 5000, 2000, 200, 1000, 1_000_000)
+            return cls(5000, 300, 2000, 500, 50, 1000, 100_000, 1020)
+        return cls(20000, 1000, 5000, 2000, 200, 1000, 1_000_000, 1020)
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -568,6 +572,38 @@ class Bench:
                 )
             )
 
+    async def agent_loop(self) -> None:
+        """The agent loop's own cost per step, early and late in a long run."""
+        steps = self.sizes.agent_steps
+        late = 1000 if steps >= 1020 else steps - 20
+        for label, directory, limit in (
+            ("no checkpoint", None, 200),
+            ("checkpointed", self.root / "agent", 500),
+        ):
+            times = await _agent_steps(steps, directory)
+            early_us = statistics.mean(times[5:25])
+            late_us = statistics.mean(times[late - 10 : late + 10])
+            self.add(
+                Figure(
+                    f"agent step, {label}, at step 10",
+                    early_us,
+                    "us",
+                    target=f"<= {limit} us",
+                    ok=early_us <= limit,
+                )
+            )
+            self.add(
+                Figure(
+                    f"agent step, {label}, at step {late:,}",
+                    late_us,
+                    "us",
+                    "same at step 10",
+                    early_us,
+                    "within 2x",
+                    late_us <= 2 * early_us,
+                )
+            )
+
     @staticmethod
     async def _drain(team: Path, depth: int) -> float:
         """Envelopes per second handed out by receive_nowait() from a backlog of `depth`."""
@@ -596,6 +632,45 @@ class Bench:
         elapsed = (time.perf_counter_ns() - start) / 1000
         inbox.ack_nowait(got)
         return elapsed
+
+
+class _StampedModel(ScriptedModel):
+    """A scripted model that notes when each call starts: the gaps are the loop's own cost."""
+
+    def __init__(self, script: list[ModelReply | str]) -> None:
+        super().__init__(script, record_calls=False)
+        self.stamps: list[float] = []
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> ModelReply:
+        self.stamps.append(time.perf_counter())
+        return await super().complete(messages, tools)
+
+
+async def _agent_steps(steps: int, directory: Path | None) -> list[float]:
+    """Microseconds per step of a run with one tool call (no I/O in the tool) per step."""
+
+    @tool
+    def count(i: int) -> dict[str, int]:
+        """Count."""
+        return {"i": i}
+
+    script: list[ModelReply | str] = [call("count", i=i) for i in range(steps)]
+    model = _StampedModel([*script, "done"])
+    agent = Agent(
+        "bench",
+        model,
+        tools=[count],
+        directory=directory,
+        limits=Limits(max_steps=steps + 5, max_tool_calls=steps + 5),
+        memory=Memory(max_context_tokens=4000),
+    )
+    report = await agent.run("count")
+    if not report.ok or report.steps != steps + 1:
+        raise AssertionError(f"the benchmark agent stopped early: {report.summary()}")
+    stamps = model.stamps
+    return [(b - a) * 1e6 for a, b in itertools.pairwise(stamps)]
 
 
 def _write_backlog(path: Path, depth: int) -> None:
@@ -662,6 +737,7 @@ async def _run(root: Path, sizes: Sizes, only: str | None) -> list[Figure]:
         ("round_trips", bench.round_trips),
         ("wakes", bench.wakes),
         ("depth", bench.depth),
+        ("agent", bench.agent_loop),
     ]
     for name, step in steps:
         if only is None or name == only or (only == "contention" and name == "sends"):
