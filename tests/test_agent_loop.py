@@ -345,3 +345,17 @@ async def test_report_round_trips_as_json() -> None:
     clerk, _ = agent(["hello"])
     report = await clerk.run("hi")
     assert RunReport.model_validate_json(report.model_dump_json()) == report
+
+
+async def test_deadline_cancels_a_hung_tool() -> None:
+    @tool
+    async def hang(i: int) -> str:
+        """Never returns."""
+        await anyio.sleep(30)
+        return "too late"
+
+    model = ScriptedModel([call("hang", i=1), "unreachable"])
+    report = await Agent("a", model, tools=[hang], limits=Limits(deadline=0.05)).run("x")
+    assert report.stop.limit == "deadline"
+    assert "passed while hang ran" in report.stop.detail
+    assert report.tool_calls == 1

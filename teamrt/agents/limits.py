@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from teamrt.errors import LimitExceeded, UsageError
 from teamrt.models.base import Usage
 
-#: USD per million tokens (input, output), as published by the providers on PRICES_DATE. Pass
-#: your own `prices=` to an agent for other models or newer prices.
-PRICES_DATE = "2026-11-01"
+#: USD per million tokens (input, output), from OpenAI's published price list as of PRICES_DATE.
+#: Prices change: pass your own `prices=` to an agent for other models or newer prices.
+PRICES_DATE = "2025-06-10"
 PRICES: dict[str, tuple[float, float]] = {
     "gpt-4o": (2.50, 10.00),
     "gpt-4o-mini": (0.15, 0.60),

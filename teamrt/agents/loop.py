@@ -27,7 +27,7 @@ from teamrt.agents.journal import Journal, Transcript
 from teamrt.agents.limits import PRICES, Limits, cost_of
 from teamrt.agents.memory import Memory, context_tokens
 from teamrt.agents.state import AgentState, RunReport, Stop
-from teamrt.agents.tools import Tool, Toolbox
+from teamrt.agents.tools import Tool, Toolbox, ToolResult
 from teamrt.errors import LimitExceeded, ModelError, UsageError
 from teamrt.models.base import ChatMessage, Model, ModelReply, ToolCall, message_tokens
 
@@ -178,6 +178,8 @@ class Agent:
         def elapsed() -> float:
             return elapsed_before + self.clock() - started
 
+        self._elapsed = elapsed
+
         while state.stop is None:
             try:
                 self.limits.check_model_call(
@@ -301,7 +303,26 @@ class Agent:
             state.count_call(sig)
             calls.append(sig)
             state.tool_calls += 1
-            result = await self.toolbox.run(call)
+            result = await self._run_tool(call)
+            if result is None:  # the deadline passed while it ran
+                appended.append(
+                    ChatMessage.tool_result(
+                        call,
+                        json.dumps(
+                            {"error": "Deadline: the run's deadline passed while this tool ran"}
+                        ),
+                    )
+                )
+                self._stop_at_limit(
+                    state,
+                    LimitExceeded(
+                        "deadline",
+                        self.limits.deadline or 0,
+                        round(self._elapsed(), 3),
+                        f"the wall-clock deadline (s) passed while {call.name} ran:",
+                    ),
+                )
+                return
             appended.append(ChatMessage.tool_result(call, result.content))
             if result.ok:
                 state.consecutive_errors = 0
@@ -319,6 +340,17 @@ class Agent:
             )
         except LimitExceeded as exc:
             self._stop_at_limit(state, exc)
+
+    async def _run_tool(self, call: ToolCall) -> ToolResult | None:
+        """Run one call; None if the run's deadline passed first (the tool is cancelled)."""
+        deadline = self.limits.deadline
+        if deadline is None:
+            return await self.toolbox.run(call)
+        with anyio.move_on_after(max(0.0, deadline - self._elapsed())):
+            return await self.toolbox.run(call)
+        return None
+
+    _elapsed: Callable[[], float]
 
     @staticmethod
     def _stop_at_limit(state: AgentState, exc: LimitExceeded) -> None:
