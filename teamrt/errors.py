@@ -12,6 +12,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     │   ├── PayloadError                     a body that fails its registered payload model
     │   └── UnknownRecipient(LookupError)    no such member in the roster
     ├── MailboxClosed(RuntimeError)          the mailboxes were used after close
+    ├── MemberBusy(RuntimeError)             the member name already runs somewhere else
     ├── StoreError(OSError)                  the disk refused: nothing was half-written
     │   ├── DiskFull                         ENOSPC/EFBIG; the inbox was rolled back
     │   └── DurabilityError                  fsync failed: the send is NOT acknowledged
@@ -19,6 +20,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     ├── RequestTimeout(TimeoutError)         a peer did not answer before the deadline
     ├── RemoteError                          a peer answered with an error response
     ├── LimitExceeded                        an agent hit one of its limits (a clean stop)
+    ├── StopRequested                        an agent was asked to stop (e.g. team shutdown)
     └── ModelError                           the model service failed or answered nonsense
         ├── ModelRequestsBlocked             a real model call while they are switched off
         ├── MissingAPIKey                    no API key in the arguments or the environment
@@ -67,6 +69,11 @@ class UnknownRecipient(UsageError, LookupError):
 
 class MailboxClosed(TeamrtError, RuntimeError):
     """The mailboxes (or an inbox) were used after they were closed."""
+
+
+class MemberBusy(TeamrtError, RuntimeError):
+    """A member name is already running (in this process or another); a name runs in at most
+    one live incarnation at a time, so two processes never consume one inbox."""
 
 
 class StoreError(TeamrtError, OSError):
@@ -134,6 +141,10 @@ class LimitExceeded(TeamrtError):
         self.limit = limit
         self.value = value
         self.used = used
+
+
+class StopRequested(TeamrtError):
+    """Raised by an agent's step hook to end the run cleanly at a step boundary."""
 
 
 class RemoteError(TeamrtError):

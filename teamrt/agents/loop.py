@@ -16,10 +16,10 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -28,8 +28,8 @@ from teamrt.agents.limits import PRICES, Limits, cost_of
 from teamrt.agents.memory import Memory, context_tokens
 from teamrt.agents.state import AgentState, RunReport, Stop
 from teamrt.agents.tools import Tool, Toolbox, ToolResult
-from teamrt.errors import LimitExceeded, ModelError, UsageError
-from teamrt.models.base import ChatMessage, Model, ModelReply, ToolCall, message_tokens
+from teamrt.errors import LimitExceeded, ModelError, StopRequested, UsageError
+from teamrt.models.base import ChatMessage, Model, ModelReply, ToolCall, Usage, message_tokens
 
 NUDGE = (
     "Your last reply could not be used: {reason}. Reply with a valid tool call (arguments "
@@ -86,6 +86,17 @@ def _digest(text: str) -> str:
 
 # --- the driver ---------------------------------------------------------------------------------
 
+StepHook = Callable[[AgentState], Awaitable[list[ChatMessage]]]
+
+
+class SharedBudget(Protocol):
+    """A budget several agents draw on (see `teamrt.team.TeamBudget`)."""
+
+    def check(self) -> None:
+        """Raise LimitExceeded if the budget is spent."""
+
+    def charge(self, usage: Usage, cost: float | None) -> None: ...
+
 
 class Agent:
     """An agent: a model, tools, limits, memory, and optionally files to persist its run.
@@ -93,6 +104,10 @@ class Agent:
         agent = Agent("researcher", model, instructions="...", tools=[search])
         report = await agent.run("What is inotify?")
 
+    `on_step`: called at every step boundary, before the model call; the messages it returns
+    (say, envelopes that arrived meanwhile) join the conversation, and raising `StopRequested`
+    ends the run cleanly. `budget`: a budget shared with other agents, checked before every
+    model call and charged after it.
     `checkpoint`: a journal path; the run can be resumed from it after a crash (`resume()`).
     `transcript`: a path that receives every model call and reply. `directory`: both, as
     `<directory>/<name>.state.jsonl` and `<directory>/<name>.transcript.jsonl`.
@@ -112,8 +127,12 @@ class Agent:
         transcript: str | os.PathLike[str] | None = None,
         directory: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_step: StepHook | None = None,
+        budget: SharedBudget | None = None,
     ) -> None:
         self.name = name
+        self.on_step = on_step
+        self.budget = budget
         self.model = model
         self.instructions = instructions
         self.toolbox = tools if isinstance(tools, Toolbox) else Toolbox(tools)
@@ -188,8 +207,13 @@ class Agent:
                     cost=state.cost,
                     elapsed=elapsed(),
                 )
+                if self.budget is not None:
+                    self.budget.check()
             except LimitExceeded as exc:
                 self._stop_at_limit(state, exc)
+                break
+            injected = await self._step_boundary(state)
+            if state.stop is not None:
                 break
             replaced = False
             if self.memory.over_budget(state.context_tokens):
@@ -205,6 +229,9 @@ class Agent:
             if self.transcript is not None:
                 self.transcript.record(state.steps + 1, state.messages, reply, replaced)
             appended, calls, digests = await self._take_step(state, reply)
+            if self.budget is not None:
+                self.budget.charge(reply.usage, cost_of(reply.usage, self.model.name, self.prices))
+            appended[:0] = injected
             state.elapsed = elapsed()
             if self.journal is not None:
                 self.journal.step(state, appended, calls, digests)
@@ -212,6 +239,20 @@ class Agent:
         if self.journal is not None:
             self.journal.stop(state)
         return self._report(state)
+
+    async def _step_boundary(self, state: AgentState) -> list[ChatMessage]:
+        """Messages that arrived during the last step (the step hook's), added to the
+        conversation before the next model call; a StopRequested ends the run here."""
+        if self.on_step is None:
+            return []
+        try:
+            injected = await self.on_step(state)
+        except StopRequested as exc:
+            state.stop = Stop(reason="shutdown", detail=str(exc))
+            return []
+        state.messages.extend(injected)
+        state.context_tokens += sum(message_tokens(m) for m in injected)
+        return injected
 
     async def _call_model(
         self, state: AgentState, specs: Sequence[Any], elapsed: Callable[[], float]

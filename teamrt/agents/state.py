@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from teamrt.models.base import ChatMessage, Usage
 
-StopReason = Literal["answer", "limit", "malformed_reply", "model_error"]
+StopReason = Literal["answer", "limit", "malformed_reply", "model_error", "shutdown"]
 
 #: How many recent tool-call signatures and result digests the no-progress checks remember.
 #: Bounded, so that saving the state after a step costs the same at step 1,000 as at step 10.

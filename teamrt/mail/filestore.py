@@ -38,6 +38,7 @@ from anyio.abc import TaskStatus
 from teamrt.errors import (
     DiskFull,
     DurabilityError,
+    MemberBusy,
     StoreError,
     UnknownRecipient,
     UsageError,
@@ -53,7 +54,7 @@ from teamrt.mail.log import (
     stamp,
     stamp_many,
 )
-from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, InboxReader, Store
+from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, InboxReader, Lease, Store
 from teamrt.names import validate_name
 
 ROSTER_FORMAT = 1
@@ -556,6 +557,17 @@ class FileReader(InboxReader):
         self.fd = self._cursor_fd = -1
 
 
+class _FileLease(Lease):
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing drops the flock; the file stays
+            self._fd = -1
+
+
 class FileStore(Store):
     """Inboxes as JSON Lines files under one team directory (see mailboxes/README.md).
 
@@ -780,6 +792,28 @@ class FileStore(Store):
         if self._notify is not None:
             for name in self._watched:
                 self._notify(name)
+
+    def acquire_lease(self, name: str, holder: str) -> Lease:
+        """An flock on `agents/<name>.lease`, held for as long as the member runs; the file
+        names the holder (pid and incarnation) for the error the next claimant sees."""
+        paths = self.inbox_paths(name)
+        if not paths.log.exists():
+            raise UnknownRecipient(f"no member {name!r} in team {self.team!r}")
+        directory = self.path / "agents"
+        directory.mkdir(mode=_DIR_MODE, exist_ok=True)
+        path = directory / f"{name}.lease"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, _FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            current = os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown holder"
+            os.close(fd)
+            raise MemberBusy(
+                f"member {name!r} of team {self.team!r} is already running ({current})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{holder}\n".encode(), 0)
+        return _FileLease(fd)
 
     async def close(self) -> None:
         for appender in self._appenders.values():

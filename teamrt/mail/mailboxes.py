@@ -217,7 +217,7 @@ class Inbox:
         event = self._event
         if event is None:
             event = self._event = anyio.Event()
-        if self._ready or self._frames or self._reader.has_new():  # came before the event
+        if self._frames or self._reader.has_new():  # came before the event existed
             return True
         if deadline == math.inf:
             await event.wait()
@@ -286,8 +286,12 @@ class Inbox:
     def _pump(self) -> None:
         """Read everything there is, so that responses reach their requests; envelopes for
         `receive` wait in order in the ready queue."""
+        queued = False
         while (envelope := self._next()) is not None:
             self._ready.append(envelope)
+            queued = True
+        if queued:
+            self._signal()  # a receiver waiting on this inbox has something now
 
     def _close(self) -> None:
         self._closed = True

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 
 from anyio.abc import TaskStatus
 
-from teamrt.errors import UnknownRecipient
+from teamrt.errors import MemberBusy, UnknownRecipient
 from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Frame, LineSplitter, stamp
-from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, InboxReader, Store
+from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, InboxReader, Lease, Store
 from teamrt.names import validate_name
 
 
@@ -70,6 +70,7 @@ class MemoryStore(Store):
         self.max_envelope = max_envelope
         self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
         self.inboxes: dict[str, _MemoryInbox] = {}
+        self._leases: dict[str, str] = {}
 
     async def open(self, members: Sequence[str]) -> None:
         for name in members:
@@ -116,3 +117,19 @@ class MemoryStore(Store):
 
     def watch_inbox(self, name: str) -> None:
         pass
+
+    def acquire_lease(self, name: str, holder: str) -> Lease:
+        self._inbox(name)
+        current = self._leases.get(name)
+        if current is not None:
+            raise MemberBusy(f"member {name!r} is already running ({current})")
+        self._leases[name] = holder
+        return _MemoryLease(self._leases, name)
+
+
+class _MemoryLease(Lease):
+    def __init__(self, leases: dict[str, str], name: str) -> None:
+        self._leases, self._name = leases, name
+
+    def release(self) -> None:
+        self._leases.pop(self._name, None)

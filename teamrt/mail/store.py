@@ -108,3 +108,16 @@ class Store(ABC):
     @abstractmethod
     def watch_inbox(self, name: str) -> None:
         """Start reporting writes to `name`'s inbox (called when a local reader opens)."""
+
+    @abstractmethod
+    def acquire_lease(self, name: str, holder: str) -> Lease:
+        """Become the one live owner of member `name` (its inbox consumer), or raise
+        `MemberBusy` naming the current holder. Released by `Lease.release()` or by the death
+        of the holding process."""
+
+
+class Lease(ABC):
+    """Exclusive ownership of a member name, held until released."""
+
+    @abstractmethod
+    def release(self) -> None: ...

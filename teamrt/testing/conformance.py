@@ -249,6 +249,30 @@ class MailboxConformance:
             # the routed response was consumed: nothing left in lead's inbox
             assert await _drain(mail, "lead") == []
 
+    async def test_request_while_other_mail_waits_in_the_inbox(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            await mail.send(Envelope.message("writer", "lead", "unrelated, unread"))
+
+            async def worker() -> None:
+                request = await mail.inbox("worker").receive(timeout=5)
+                await anyio.sleep(0.05)  # the requester waits meanwhile, and must not spin
+                await mail.send(Envelope.response(request, "done"))
+
+            got: list[Envelope] = []
+
+            async def lead_receiver() -> None:
+                got.append(await mail.inbox("lead").receive(timeout=5))
+
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(worker)
+                    response = await mail.request(
+                        Envelope.request("lead", "worker", "q"), timeout=5
+                    )
+                    tg.start_soon(lead_receiver)
+            assert response.body == "done"
+            assert [e.body for e in got] == ["unrelated, unread"]
+
     async def test_error_response_raises_remote_error(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
 
