@@ -86,10 +86,14 @@ async def lead(root: Path) -> int:
     return code
 
 
-def run_demo(name: str, *, directory: str) -> int:
-    if name != "exchange":
-        raise SystemExit(f"unknown demo {name!r}")
-    return int(anyio.run(lead, Path(directory)))
+def run_demo(name: str, *, directory: str, model: str = "offline") -> int:
+    if name == "research-writer":
+        from teamrt.demos import research_writer
+
+        return int(anyio.run(research_writer.run, Path(directory), model))
+    if name == "exchange":
+        return int(anyio.run(lead, Path(directory)))
+    raise SystemExit(f"unknown demo {name!r}")
 
 
 if __name__ == "__main__":

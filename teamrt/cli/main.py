@@ -81,7 +81,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from teamrt.cli.demo import run_demo
 
-    return run_demo(args.name, directory=args.dir)
+    return run_demo(args.name, directory=args.dir, model=args.model)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,7 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="exchange: a lead and a worker in another process trade requests and "
         "responses through their inbox files.",
     )
-    demo.add_argument("name", nargs="?", default="exchange", choices=["exchange"])
+    demo.add_argument(
+        "name", nargs="?", default="research-writer", choices=["research-writer", "exchange"]
+    )
+    demo.add_argument(
+        "--model",
+        default="offline",
+        choices=["offline", "openai"],
+        help="offline: scripted models (default); openai: OpenAIModel from the "
+        "environment (OPENAI_API_KEY, OPENAI_MODEL, OPENAI_BASE_URL)",
+    )
     demo.add_argument("--dir", default="mailboxes", help="root for the demo's team directory")
     demo.set_defaults(run=_demo, is_async=False)
     return parser

@@ -53,7 +53,7 @@ def reply(text: str, *, output_tokens: int | None = None) -> ModelReply:
     return ModelReply(text=text, usage=Usage(requests=1, output_tokens=output_tokens or 0))
 
 
-def call(name: str, arguments: dict[str, Any] | str | None = None, **kwargs: Any) -> ModelReply:
+def call(name: str, arguments: dict[str, Any] | str | None = None, /, **kwargs: Any) -> ModelReply:
     """A scripted tool call: `call("search", query="x")` or `call("search", '{"query": ...}')`.
 
     A string is used verbatim as the arguments' JSON text, so a script can send malformed JSON.

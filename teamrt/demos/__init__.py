@@ -1,0 +1,1 @@
+"""Demos, runnable offline: `teamrt demo NAME`."""
