@@ -13,6 +13,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     │   └── UnknownRecipient(LookupError)    no such member in the roster
     ├── MailboxClosed(RuntimeError)          the mailboxes were used after close
     ├── MemberBusy(RuntimeError)             the member name already runs somewhere else
+    ├── TeammateGone                         asked a teammate that crashed and did not restart
     ├── StoreError(OSError)                  the disk refused: nothing was half-written
     │   ├── DiskFull                         ENOSPC/EFBIG; the inbox was rolled back
     │   └── DurabilityError                  fsync failed: the send is NOT acknowledged
@@ -74,6 +75,10 @@ class MailboxClosed(TeamrtError, RuntimeError):
 class MemberBusy(TeamrtError, RuntimeError):
     """A member name is already running (in this process or another); a name runs in at most
     one live incarnation at a time, so two processes never consume one inbox."""
+
+
+class TeammateGone(TeamrtError):
+    """A task was given to a teammate that crashed and is not running any more."""
 
 
 class StoreError(TeamrtError, OSError):

@@ -36,14 +36,14 @@ from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool
 from teamrt.envelopes import Envelope, Request, new_id, register_payload
-from teamrt.errors import LimitExceeded, StopRequested, UsageError
+from teamrt.errors import LimitExceeded, StopRequested, TeammateGone, UsageError
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.models.base import ChatMessage, Model, Usage
 
 # --- the protocol's envelope types --------------------------------------------------------------
 
 TASK = "task"
-RESULT = "result"
+RESULT = "task_result"
 SHUTDOWN = "shutdown_request"
 SHUTDOWN_ACK = "shutdown_ack"
 IDLE = "idle"
@@ -164,7 +164,7 @@ class TeamBudget:
         self.cost += cost or 0.0
 
 
-MemberState = Literal["starting", "idle", "working", "stopped", "crashed"]
+MemberState = Literal["starting", "idle", "working", "restarting", "stopped", "crashed"]
 
 
 @dataclass
@@ -253,6 +253,9 @@ class Team:
 
     async def ask(self, member: str, text: str, *, timeout: float | None = None) -> TaskResult:
         """Give `member` a task (from the lead) and wait for its result."""
+        status = self.status.get(member)
+        if status is not None and status.state == "crashed":
+            raise TeammateGone(f"{member!r} crashed and is not running: {status.last}")
         request = Envelope.request(self.lead, member, text, type=TASK, timeout=timeout)
         response = await self.mail.request(request, timeout=timeout)
         return TaskResult.model_validate(response.body)
@@ -314,7 +317,7 @@ class Team:
                             and status.restarts < teammate.restart.max_restarts
                         )
                         await runner.report_crash(exc, restarting)
-                        status.state = "crashed"
+                        status.state = "restarting" if restarting else "crashed"
                         if not restarting:
                             return
                 finally:
@@ -348,7 +351,7 @@ class _Runner:
             envelope = await self.inbox.receive()
             if self._is_shutdown(envelope):
                 await self._accept_shutdown(envelope)  # type: ignore[arg-type]
-                break
+                continue  # accepted: the loop ends; stale: refused, keep serving
             if isinstance(envelope, Request):
                 await self._work(envelope)
             else:

@@ -146,8 +146,15 @@ async def test_response_from_the_command_line(team: Path) -> None:
     assert response.body == "approved"
 
 
+def test_default_demo_is_research_writer(tmp_path: Path) -> None:
+    result = teamrt("demo", "--dir", str(tmp_path / "boxes"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "researcher -> writer" in result.stdout
+    assert (tmp_path / "mailboxes" / "research-writer-scratch" / "agent-loop.md").exists()
+
+
 def test_demo_runs_two_processes(tmp_path: Path) -> None:
-    result = teamrt("demo", "--dir", str(tmp_path / "boxes"))
+    result = teamrt("demo", "exchange", "--dir", str(tmp_path / "boxes"))
     assert result.returncode == 0, result.stderr
     assert "worker exited with code 0" in result.stdout
     assert result.stdout.count("response") == 3

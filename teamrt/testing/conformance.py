@@ -323,7 +323,7 @@ class MailboxConformance:
 
     async def test_broadcast_reaches_every_other_member(self, harness: StoreHarness) -> None:
         async with harness.open(["lead", "worker", "writer", "critic"]) as mail:
-            broadcast = Envelope.broadcast("lead", "stand down", type="shutdown_request")
+            broadcast = Envelope.broadcast("lead", "stand down", type="announcement")
             await mail.send(broadcast)
             for name in ("worker", "writer", "critic"):
                 (got,) = await _drain(mail, name)

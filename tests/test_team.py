@@ -1,0 +1,249 @@
+"""Teams: the task protocol, shutdown, incarnations, mid-run delivery, leases, crashes,
+restarts and the team budget."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+
+from teamrt import Envelope, FileMailboxes, MemoryMailboxes, RemoteError
+from teamrt.agents import tool
+from teamrt.errors import MemberBusy, TeammateGone
+from teamrt.models import (
+    ChatMessage,
+    FunctionModel,
+    ModelReply,
+    ScriptedModel,
+    ToolSpec,
+    Usage,
+    call,
+)
+from teamrt.team import (
+    CRASHED,
+    IDLE,
+    SHUTDOWN,
+    SHUTDOWN_ACK,
+    RestartPolicy,
+    ShutdownBody,
+    Team,
+    TeamBudget,
+    Teammate,
+)
+
+
+async def lead_mail(mail: MemoryMailboxes) -> list[Envelope]:
+    inbox, out = mail.inbox("lead"), []
+    while True:
+        try:
+            out.append(inbox.receive_nowait())
+        except anyio.WouldBlock:
+            return out
+
+
+async def test_task_result_idle_and_shutdown_handshake() -> None:
+    async with MemoryMailboxes() as mail:
+        writer = Teammate("writer", lambda: ScriptedModel(["drafted"]))
+        async with Team(mail, [writer]) as team:
+            assert team.status["writer"].state == "idle"
+            result = await team.ask("writer", "draft it", timeout=5)
+            assert (result.answer, result.stop_reason, result.steps) == ("drafted", "answer", 1)
+        final = team.status["writer"]
+        assert final.state == "stopped"
+        types = [e.type for e in await lead_mail(mail)]
+        assert types == [IDLE, IDLE, SHUTDOWN_ACK]  # announced, idle after the task, acked
+
+
+async def test_a_teammate_that_ignores_shutdown_is_cancelled_at_the_deadline() -> None:
+    @tool
+    async def dig(depth: int) -> str:
+        """Never finishes."""
+        await anyio.sleep(60)
+        return "done"
+
+    async with MemoryMailboxes() as mail:
+        stubborn = Teammate("stubborn", ScriptedModel([call("dig", depth=1), "never"]), tools=[dig])
+        team = Team(mail, [stubborn], shutdown_deadline=0.2)
+        with anyio.fail_after(5):
+            async with team:
+                await mail.send(Envelope.request("lead", "stubborn", "dig", type="task"))
+                await anyio.sleep(0.05)
+                assert team.status["stubborn"].state == "working"
+        assert team.status["stubborn"].last == "cancelled at the shutdown deadline"
+
+
+async def test_stale_shutdown_cannot_stop_a_new_incarnation() -> None:
+    async with MemoryMailboxes() as mail:
+        writer = Teammate("writer", lambda: ScriptedModel(["still here"]))
+        async with Team(mail, [writer]) as team:
+            stale = Envelope.request(
+                "lead", "writer", ShutdownBody(incarnation="0" * 30), type=SHUTDOWN
+            )
+            with pytest.raises(RemoteError, match="StaleShutdown") as info:
+                await mail.request(stale, timeout=5)
+            assert team.status["writer"].incarnation in info.value.remote_message
+            assert (await team.ask("writer", "still there?", timeout=5)).answer == "still here"
+
+
+async def test_message_arriving_mid_run_reaches_the_model_at_the_next_step() -> None:
+    started, seen = anyio.Event(), list[str | None]()
+
+    @tool
+    async def work(step: int) -> str:
+        """Some work that takes a moment."""
+        started.set()
+        await anyio.sleep(0.1)
+        return f"worked {step}"
+
+    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+        if len(messages) == 1:
+            return call("work", step=1)
+        seen.extend(m.content for m in messages if m.role == "user")
+        return "finished"
+
+    async with MemoryMailboxes() as mail:
+        worker = Teammate("worker", FunctionModel(brain), tools=[work])
+        async with Team(mail, [worker]) as team, anyio.create_task_group() as tg:
+
+            async def interrupt() -> None:
+                await started.wait()
+                await mail.send(Envelope.message("lead", "worker", "also check the cables"))
+
+            tg.start_soon(interrupt)
+            result = await team.ask("worker", "do the work", timeout=5)
+    assert result.answer == "finished"
+    assert any("also check the cables" in (text or "") for text in seen)
+
+
+async def test_mail_sent_before_a_teammate_starts_is_delivered(tmp_path: Path) -> None:
+    async with FileMailboxes(tmp_path / "t", members=["lead", "worker"]) as mail:
+        await mail.send(Envelope.message("lead", "worker", "note left before you started"))
+        seen: list[str] = []
+
+        def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+            seen.extend(m.content or "" for m in messages)
+            return "ok"
+
+        async with Team(mail, [Teammate("worker", FunctionModel(brain))]) as team:
+            await team.ask("worker", "go", timeout=5)
+    assert any("note left before you started" in text for text in seen)
+
+
+async def test_a_second_start_of_a_running_member_is_refused(tmp_path: Path) -> None:
+    async with FileMailboxes(tmp_path / "t") as mail_a, FileMailboxes(tmp_path / "t") as mail_b:
+        writer = Teammate("writer", lambda: ScriptedModel([]))
+        async with Team(mail_a, [writer]) as team:
+            with pytest.raises(MemberBusy, match=r"'writer' .* already running \(pid \d+"):
+                async with Team(mail_b, [writer]):
+                    pass
+            assert team.status["writer"].state == "idle"
+        async with Team(mail_b, [writer]):  # free again once the first team stopped
+            pass
+
+
+def _crashing_model() -> FunctionModel:
+    async def crash(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        await anyio.sleep(0.05)  # long enough for a test to see the teammate working
+        if "crash" in (messages[0].content or ""):
+            raise RuntimeError("a bug in the teammate")
+        return "fine"
+
+    return FunctionModel(crash)
+
+
+async def test_a_crash_fails_pending_requests_fast_and_is_reported() -> None:
+    async with MemoryMailboxes() as mail:
+        async with Team(mail, [Teammate("flaky", _crashing_model)]) as team:
+            errors: list[RemoteError] = []
+
+            async def ask_for_a_crash() -> None:
+                try:
+                    await team.ask("flaky", "please crash", timeout=60)
+                except RemoteError as exc:
+                    errors.append(exc)
+
+            queued = Envelope.request("lead", "flaky", "queued behind", type="task")
+            with anyio.fail_after(5):  # far sooner than the requests' 60 s timeouts
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(ask_for_a_crash)
+                    while team.status["flaky"].state != "working":  # noqa: ASYNC110 -- a peek
+                        await anyio.sleep(0.001)
+                    await mail.send(queued)
+            assert "TeammateCrashed: flaky crashed: RuntimeError: a bug" in str(errors[0])
+            with pytest.raises(TeammateGone, match="'flaky' crashed and is not running"):
+                await team.ask("flaky", "anyone?", timeout=60)
+        assert team.status["flaky"].state == "crashed"
+        notes = await lead_mail(mail)
+        (failed,) = [e for e in notes if e.in_reply_to == queued.id]
+        assert failed.body["message"] == "flaky crashed and will not restart"
+        (crash,) = [e for e in notes if e.type == CRASHED]
+        assert crash.body["error"] == "RuntimeError: a bug in the teammate"
+        assert crash.body["restarting"] is False
+
+
+async def test_restart_policy_brings_a_new_incarnation() -> None:
+    async with MemoryMailboxes() as mail:
+        flaky = Teammate(
+            "flaky", _crashing_model, restart=RestartPolicy(on_failure=True, backoff=0.01)
+        )
+        async with Team(mail, [flaky]) as team:
+            first = team.status["flaky"].incarnation
+            with pytest.raises(RemoteError, match="TeammateCrashed"):
+                await team.ask("flaky", "crash now", timeout=5)
+            assert (await team.ask("flaky", "are you back?", timeout=5)).answer == "fine"
+            assert team.status["flaky"].restarts == 1
+            assert team.status["flaky"].incarnation != first
+        crashes = [e for e in await lead_mail(mail) if e.type == CRASHED]
+        assert crashes[0].body["restarting"] is True
+
+
+async def test_team_budget_stops_every_member() -> None:
+    def chatty(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply:
+        thought = call("note", text=f"thought {len(messages)}")
+        return thought.model_copy(
+            update={"usage": Usage(requests=1, input_tokens=40, output_tokens=10)}
+        )
+
+    @tool
+    def note(text: str) -> str:
+        """Write a note."""
+        return text
+
+    budget = TeamBudget(max_tokens=400)
+    async with MemoryMailboxes() as mail:
+        members = [Teammate(name, FunctionModel(chatty), tools=[note]) for name in ("a", "b")]
+        async with Team(mail, members, budget=budget) as team:
+            results = {}
+
+            async def ask(name: str) -> None:
+                results[name] = await team.ask(name, "think a lot", timeout=10)
+
+            async with anyio.create_task_group() as tg:
+                for name in ("a", "b"):
+                    tg.start_soon(ask, name)
+    for result in results.values():
+        assert result.stop_reason == "limit"
+        assert "team_max_tokens=400" in result.detail
+    assert budget.usage.total_tokens >= 400
+
+
+async def test_research_writer_demo_runs_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from teamrt.demos import research_writer
+
+    monkeypatch.setenv("TEAMRT_DEMO_SCRATCH", str(tmp_path / "scratch"))
+    assert await research_writer.run(tmp_path, live=False) == 0
+    out = capsys.readouterr().out
+    document = (tmp_path / "scratch" / "agent-loop.md").read_text()
+    assert document.startswith("# The agent loop")
+    for heading in ("## Limits", "## Memory", "## The loop"):
+        assert heading in document  # one section per note the researcher really read
+    assert "researcher -> writer" in out and "writer -> researcher" in out
+    assert "teamrt inspect" in out
+    transcript = tmp_path / "research-writer" / "agents" / "writer.transcript.jsonl"
+    lines = [json.loads(line) for line in transcript.read_text().splitlines()]
+    assert lines[0]["reply"]["tool_calls"][0]["name"] == "write_file"
