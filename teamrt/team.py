@@ -191,7 +191,9 @@ class Team:
                 result = await team.ask("researcher", "What is inotify?")
 
     `lead` is the member that asks and receives idle and crash notices (the code using the
-    team). `agent_dir` keeps each teammate's checkpoint journal and transcript.
+    team). `agent_dir` keeps each teammate's checkpoint journal and transcript. `remote` names
+    members that run in other processes on the same team directory (`teamrt run-agent`): the
+    team asks them like any member and sends them a shutdown request when it shuts down.
     """
 
     def __init__(
@@ -203,6 +205,7 @@ class Team:
         budget: TeamBudget | None = None,
         agent_dir: str | os.PathLike[str] | None = None,
         shutdown_deadline: float = 5.0,
+        remote: Iterable[str] = (),
     ) -> None:
         self.mail = mail
         self.teammates = {t.name: t for t in teammates}
@@ -212,6 +215,7 @@ class Team:
         self.budget = budget
         self.agent_dir = Path(agent_dir) if agent_dir is not None else None
         self.shutdown_deadline = shutdown_deadline
+        self.remote = tuple(remote)  # members run by other processes (`teamrt run-agent`)
         self.status: dict[str, MemberStatus] = {n: MemberStatus(n) for n in self.teammates}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._running = 0
@@ -219,7 +223,7 @@ class Team:
         self._task_group: TaskGroup | None = None
 
     async def __aenter__(self) -> Self:
-        for name in (self.lead, *self.teammates):
+        for name in (self.lead, *self.teammates, *self.remote):
             await self.mail.add_member(name)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
@@ -266,6 +270,16 @@ class Team:
         """Ask every running teammate to stop after its current step; cancel any still running
         when the deadline passes. Never waits longer than the deadline."""
         deadline = self.shutdown_deadline if deadline is None else deadline
+        for name in self.remote:
+            await self.mail.send(
+                Envelope.request(
+                    self.lead,
+                    name,
+                    ShutdownBody(reason="team shutdown"),
+                    type=SHUTDOWN,
+                    timeout=deadline,
+                )
+            )
         running = [s for s in self.status.values() if s.state not in ("stopped", "crashed")]
         for status in running:
             body = ShutdownBody(incarnation=status.incarnation or None, reason="team shutdown")
@@ -279,6 +293,11 @@ class Team:
             if self.status[name].state not in ("stopped", "crashed"):
                 self.status[name].last = "cancelled at the shutdown deadline"
                 scope.cancel()
+
+    async def wait(self) -> None:
+        """Return once every teammate of this team has stopped (or crashed for good)."""
+        if self._running:
+            await self._all_done.wait()
 
     # -- one teammate's life --
 

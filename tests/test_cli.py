@@ -188,3 +188,62 @@ def test_help_describes_every_command() -> None:
     for command in ("send", "inspect", "bench", "demo"):
         assert command in result.stdout
     assert "--durability" in teamrt("send", "--help").stdout
+
+
+def test_two_process_demo_runs_the_writer_elsewhere(tmp_path: Path) -> None:
+    result = teamrt("demo", "two-process", "--dir", str(tmp_path / "boxes"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "the writer's process exited with code 0" in result.stdout
+    assert "writer: running as incarnation" in result.stdout
+    assert (tmp_path / "mailboxes" / "research-writer-scratch" / "agent-loop.md").exists()
+
+
+def test_run_agent_refuses_a_member_that_already_runs(tmp_path: Path) -> None:
+    team_dir = tmp_path / "t"
+    anyio.run(_create, team_dir)
+    spec = "teamrt.demos.research_writer:writer"
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "teamrt",
+            "run-agent",
+            str(team_dir),
+            "--name",
+            "worker",
+            "--spec",
+            spec,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None
+        assert "running as incarnation" in first.stdout.readline()
+        second = teamrt("run-agent", str(team_dir), "--name", "worker", "--spec", spec)
+        assert second.returncode == 1
+        assert "member 'worker' of team 't' is already running (pid" in second.stderr
+        assert (
+            main(
+                [
+                    "send",
+                    str(team_dir),
+                    "--from",
+                    "lead",
+                    "--to",
+                    "worker",
+                    "--kind",
+                    "request",
+                    "--type",
+                    "shutdown_request",
+                    "--body",
+                    "{}",
+                ]
+            )
+            == 0
+        )
+        assert first.wait(timeout=30) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.communicate()

@@ -91,6 +91,10 @@ def run_demo(name: str, *, directory: str, model: str = "offline") -> int:
         from teamrt.demos import research_writer
 
         return int(anyio.run(research_writer.run, Path(directory), model))
+    if name == "two-process":
+        from teamrt.demos import research_writer
+
+        return int(anyio.run(research_writer.run, Path(directory), model, True, True))
     if name == "exchange":
         return int(anyio.run(lead, Path(directory)))
     raise SystemExit(f"unknown demo {name!r}")

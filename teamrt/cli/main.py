@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -78,6 +82,31 @@ def _bench(args: argparse.Namespace) -> int:
     )
 
 
+async def _run_agent(args: argparse.Namespace) -> int:
+    from teamrt.team import Team, Teammate
+
+    module_name, _, attribute = args.spec.partition(":")
+    if not attribute:
+        raise SystemExit("teamrt run-agent: --spec must be module:object")
+    target = getattr(importlib.import_module(module_name), attribute)
+    teammate = target() if callable(target) and not isinstance(target, Teammate) else target
+    if not isinstance(teammate, Teammate):
+        raise SystemExit(f"teamrt run-agent: {args.spec} is not a Teammate")
+    if teammate.name != args.name:
+        teammate = dataclasses.replace(teammate, name=args.name)
+    async with FileMailboxes(args.dir, create=False) as mail:
+        team = Team(mail, [teammate], lead=args.lead, agent_dir=Path(args.dir) / "agents")
+        async with team:
+            print(
+                f"{args.name}: running as incarnation {team.status[args.name].incarnation} "
+                f"(pid {os.getpid()}) in {args.dir}",
+                flush=True,
+            )
+            await team.wait()
+    print(f"{args.name}: stopped", flush=True)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from teamrt.cli.demo import run_demo
 
@@ -145,6 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
     bench.set_defaults(run=_bench, is_async=False)
 
+    run_agent = commands.add_parser(
+        "run-agent",
+        help="run one teammate in this process",
+        description="Run one teammate on a team directory until it is asked to shut down. "
+        "The spec names a Teammate (or a function returning one) as module:object. A member "
+        "name runs in at most one process at a time.",
+    )
+    run_agent.add_argument("dir", help="team directory")
+    run_agent.add_argument("--name", required=True, help="the member name to run as")
+    run_agent.add_argument("--spec", required=True, help="module:object, e.g. mypkg.team:writer")
+    run_agent.add_argument("--lead", default="lead", help="who gets idle and crash notices")
+    run_agent.set_defaults(run=_run_agent, is_async=True)
+
     demo = commands.add_parser(
         "demo",
         help="run a demo offline on real file mailboxes",
@@ -152,7 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
         "responses through their inbox files.",
     )
     demo.add_argument(
-        "name", nargs="?", default="research-writer", choices=["research-writer", "exchange"]
+        "name",
+        nargs="?",
+        default="research-writer",
+        choices=["research-writer", "two-process", "exchange"],
     )
     demo.add_argument(
         "--model",

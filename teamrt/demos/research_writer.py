@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -170,22 +171,50 @@ def _preview(body: Any) -> str:
     return text if len(text) <= 70 else text[:67] + "..."
 
 
-async def run(root: Path, model: str = "offline", live: bool = True) -> int:
+async def run(
+    root: Path, model: str = "offline", live: bool = True, two_process: bool = False
+) -> int:
+    """Run the demo; with `two_process`, the writer runs in a child process (`run-agent`)."""
     from teamrt.cli.live import live_view
 
     team_dir = root / TEAM
     for directory in (team_dir, _scratch()):
         if directory.exists():
             shutil.rmtree(directory)  # the demo's own files from an earlier run
-    async with (
-        FileMailboxes(team_dir, members=["lead"]) as mail,
-        Team(mail, teammates(model), agent_dir=team_dir / "agents") as team,
-        anyio.create_task_group() as tg,
-    ):
-        if live:
-            tg.start_soon(live_view, team)
-        result = await team.ask("researcher", TASK, timeout=120)
-        tg.cancel_scope.cancel()
+    local = teammates(model)
+    remote: list[str] = []
+    child = None
+    async with FileMailboxes(team_dir, members=["lead", "researcher", "writer"]) as mail:
+        if two_process:
+            local, remote = local[:1], ["writer"]
+            child = await anyio.open_process(
+                [
+                    sys.executable,
+                    "-m",
+                    "teamrt",
+                    "run-agent",
+                    str(team_dir),
+                    "--name",
+                    "writer",
+                    "--spec",
+                    "teamrt.demos.research_writer:writer",
+                ],
+                stdout=None,
+                stderr=None,
+            )
+            print(f"lead: started the writer as process {child.pid}")
+        async with (
+            Team(mail, local, agent_dir=team_dir / "agents", remote=remote) as team,
+            anyio.create_task_group() as tg,
+        ):
+            if live:
+                tg.start_soon(live_view, team)
+            result = await team.ask("researcher", TASK, timeout=120)
+            tg.cancel_scope.cancel()
+        if child is not None:
+            with anyio.fail_after(30):
+                code = await child.wait()
+            print(f"lead: the writer's process exited with code {code}")
     print(f"\nresearcher's answer: {result.answer}")
     print(f"({result.stop_reason}: {result.steps} steps, {result.tool_calls} tool calls)\n")
     print("What travelled through the inboxes:")
