@@ -7,6 +7,7 @@ Everything goes through real files under real locks; the worker wakes on inotify
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -86,6 +87,29 @@ async def lead(root: Path) -> int:
     return code
 
 
+async def service_demo(root: Path) -> int:
+    """The service demo without a server: the app's lifespan starts the team, and one request
+    goes through the app over an in-memory ASGI transport."""
+    try:
+        import httpx
+
+        from teamrt.demos.service import app, lifespan
+    except ImportError as exc:
+        raise SystemExit(
+            f"the service demo needs the service extra: pip install 'teamrt[service]' ({exc})"
+        ) from None
+    os.environ.setdefault("TEAMRT_SERVICE_DIR", str(root / "service"))
+    async with lifespan(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://teamrt") as client:
+            print('POST /ask {"question": "Research the agent loop."}')
+            response = await client.post("/ask", json={"question": "Research the agent loop."})
+            print(f"{response.status_code} {response.json()}")
+            print(f"GET /status -> {(await client.get('/status')).json()}")
+    print("the app stopped, and its team shut down with it")
+    return 0 if response.status_code == 200 else 1
+
+
 def run_demo(name: str, *, directory: str, model: str = "offline") -> int:
     if name == "research-writer":
         from teamrt.demos import research_writer
@@ -95,6 +119,8 @@ def run_demo(name: str, *, directory: str, model: str = "offline") -> int:
         from teamrt.demos import research_writer
 
         return int(anyio.run(research_writer.run, Path(directory), model, True, True))
+    if name == "service":
+        return int(anyio.run(service_demo, Path(directory)))
     if name == "exchange":
         return int(anyio.run(lead, Path(directory)))
     raise SystemExit(f"unknown demo {name!r}")

@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "name",
         nargs="?",
         default="research-writer",
-        choices=["research-writer", "two-process", "exchange"],
+        choices=["research-writer", "two-process", "service", "exchange"],
     )
     demo.add_argument(
         "--model",
