@@ -17,9 +17,10 @@ Everything between teammates goes through the mailboxes; nothing here shares an 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -34,7 +35,7 @@ from teamrt.agents.loop import Agent
 from teamrt.agents.memory import Memory
 from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.state import AgentState, RunReport
-from teamrt.agents.tools import Tool
+from teamrt.agents.tools import Tool, tool
 from teamrt.envelopes import Envelope, Request, new_id, register_payload
 from teamrt.errors import LimitExceeded, StopRequested, TeammateGone, UsageError
 from teamrt.mail.mailboxes import Mailboxes
@@ -48,6 +49,8 @@ SHUTDOWN = "shutdown_request"
 SHUTDOWN_ACK = "shutdown_ack"
 IDLE = "idle"
 CRASHED = "teammate_crashed"
+PLAN_APPROVAL = "plan_approval"
+PLAN_DECISION = "plan_decision"
 PROTOCOL_TYPES = (SHUTDOWN,)  # delivered before anything else at a step boundary
 
 
@@ -68,6 +71,16 @@ class ShutdownBody(BaseModel):
     reason: str = ""
 
 
+class PlanBody(BaseModel):
+    plan: str
+    task: str  # the id of the task the plan is for
+
+
+class DecisionBody(BaseModel):
+    approved: bool
+    feedback: str = ""
+
+
 class IdleBody(BaseModel):
     incarnation: str
     last: TaskResult | None = None
@@ -84,6 +97,11 @@ register_payload(RESULT, TaskResult)
 register_payload(SHUTDOWN, ShutdownBody)
 register_payload(IDLE, IdleBody)
 register_payload(CRASHED, CrashBody)
+register_payload(PLAN_APPROVAL, PlanBody)
+register_payload(PLAN_DECISION, DecisionBody)
+
+#: Decides a plan: (member, plan) -> (approved, feedback). Runs in the lead's process.
+Approver = Callable[[str, str], Awaitable[tuple[bool, str]]]
 
 
 # --- configuration ------------------------------------------------------------------------------
@@ -107,7 +125,9 @@ class Teammate:
     """A member of the team: its model, instructions, tools, limits and restart policy.
 
     `model` may be a factory, called once per incarnation (a restarted teammate gets a fresh
-    model). The messaging tools are added for every teammate.
+    model). The messaging tools are added for every teammate. Tools named in `needs_approval`
+    refuse to run until the teammate has sent a plan with `submit_plan` and the lead approved
+    it (a real gate: the refusal happens in the tool wrapper, whatever the model says).
     """
 
     name: str
@@ -117,6 +137,7 @@ class Teammate:
     limits: Limits | None = None
     memory: Memory | None = None
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    needs_approval: Sequence[str] = ()  # tools that stay blocked until the lead approves a plan
 
 
 class TeamBudget:
@@ -206,6 +227,7 @@ class Team:
         agent_dir: str | os.PathLike[str] | None = None,
         shutdown_deadline: float = 5.0,
         remote: Iterable[str] = (),
+        approver: Approver | None = None,
     ) -> None:
         self.mail = mail
         self.teammates = {t.name: t for t in teammates}
@@ -216,7 +238,9 @@ class Team:
         self.agent_dir = Path(agent_dir) if agent_dir is not None else None
         self.shutdown_deadline = shutdown_deadline
         self.remote = tuple(remote)  # members run by other processes (`teamrt run-agent`)
+        self.approver = approver
         self.status: dict[str, MemberStatus] = {n: MemberStatus(n) for n in self.teammates}
+        self.notices: list[Envelope] = []  # what reached the lead while an approver reads it
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._running = 0
         self._all_done = anyio.Event()
@@ -229,6 +253,8 @@ class Team:
         await task_group.__aenter__()
         self._task_group = task_group
         try:
+            if self.approver is not None:
+                task_group.start_soon(self._answer_plans, self.approver)
             for teammate in self.teammates.values():
                 await task_group.start(self._supervise, teammate)
         except BaseException:
@@ -251,7 +277,9 @@ class Team:
                 await self.shutdown()
         finally:
             task_group, self._task_group = self._task_group, None
-            await task_group.__aexit__(exc_type, exc, tb)
+            task_group.cancel_scope.cancel()  # teammates are down; this ends the plan answerer
+            # only the team's own tasks run in it: the body's exception propagates as is
+            await task_group.__aexit__(None, None, None)
 
     # -- asking --
 
@@ -293,6 +321,23 @@ class Team:
             if self.status[name].state not in ("stopped", "crashed"):
                 self.status[name].last = "cancelled at the shutdown deadline"
                 scope.cancel()
+
+    async def _answer_plans(self, approver: Approver) -> None:
+        """The lead's side of the approval gate: decide each plan that arrives."""
+        inbox = self.mail.inbox(self.lead)
+        while True:
+            envelope = await inbox.receive()
+            inbox.ack_nowait(envelope)
+            if envelope.type != PLAN_APPROVAL or not isinstance(envelope, Request):
+                self.notices.append(envelope)
+                continue
+            plan = PlanBody.model_validate(envelope.body)
+            approved, feedback = await approver(envelope.sender, plan.plan)
+            await self.mail.send(
+                Envelope.response(
+                    envelope, DecisionBody(approved=approved, feedback=feedback), type=PLAN_DECISION
+                )
+            )
 
     async def wait(self) -> None:
         """Return once every teammate of this team has stopped (or crashed for good)."""
@@ -422,6 +467,8 @@ class _Runner:
         teammate = self.teammate
         model = teammate.model if isinstance(teammate.model, Model) else teammate.model()
         tools = [*teammate.tools, *messaging_tools(self.mail, teammate.name)]
+        if teammate.needs_approval:
+            tools = self._gated(tools)
         return Agent(
             teammate.name,
             model,
@@ -433,6 +480,45 @@ class _Runner:
             directory=self.team.agent_dir,
             on_step=self._step_boundary,
         )
+
+    def _gated(self, tools: list[Tool | Callable[..., Any]]) -> list[Tool | Callable[..., Any]]:
+        """Block the side-effecting tools until the lead approves a plan for this task."""
+        gated = set(self.teammate.needs_approval)
+        approved = {"plan": False}
+
+        def guard(inner: Tool) -> Tool:
+            async def guarded(**kwargs: Any) -> Any:
+                if not approved["plan"]:
+                    raise PermissionError(
+                        f"{inner.name} needs an approved plan: call submit_plan first"
+                    )
+                return (await inner.fn(**kwargs)) if inner.is_async else inner.fn(**kwargs)
+
+            return dataclasses.replace(inner, fn=guarded, is_async=True)
+
+        async def submit_plan(plan: str) -> str:
+            """Send your plan to the lead for approval; side-effecting tools wait for it."""
+            assert self.current is not None
+            decision = await self.mail.request(
+                Envelope.request(
+                    self.teammate.name,
+                    self.team.lead,
+                    PlanBody(plan=plan, task=self.current.id),
+                    type=PLAN_APPROVAL,
+                    timeout=300,
+                )
+            )
+            body = DecisionBody.model_validate(decision.body)
+            approved["plan"] = body.approved
+            verdict = "approved" if body.approved else "rejected"
+            return f"plan {verdict}" + (f": {body.feedback}" if body.feedback else "")
+
+        out: list[Tool | Callable[..., Any]] = [
+            guard(t if isinstance(t, Tool) else tool(t)) if _tool_name(t) in gated else t
+            for t in tools
+        ]
+        out.append(tool(submit_plan))
+        return out
 
     async def _step_boundary(self, state: AgentState) -> list[ChatMessage]:
         """Deliver what arrived during the last step: protocol envelopes first."""
@@ -516,6 +602,10 @@ class _Runner:
                             )
                         )
                     self.inbox.ack_nowait(queued)
+
+
+def _tool_name(item: Tool | Callable[..., Any]) -> str:
+    return item.name if isinstance(item, Tool) else getattr(item, "__name__", "")
 
 
 def _result(report: RunReport) -> TaskResult:

@@ -247,3 +247,57 @@ async def test_research_writer_demo_runs_offline(
     transcript = tmp_path / "research-writer" / "agents" / "writer.transcript.jsonl"
     lines = [json.loads(line) for line in transcript.read_text().splitlines()]
     assert lines[0]["reply"]["tool_calls"][0]["name"] == "write_file"
+
+
+async def test_plan_approval_gate_blocks_side_effects_until_approved(tmp_path: Path) -> None:
+    written: list[str] = []
+
+    @tool
+    def write_file(name: str) -> str:
+        """Write a file (a side effect)."""
+        (tmp_path / name).write_text("content")
+        written.append(name)
+        return f"wrote {name}"
+
+    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+        results = [m.content or "" for m in messages if m.role == "tool"]
+        if not results:
+            return call("write_file", name="intro.md")  # tries to act before asking
+        last = results[-1]
+        if "needs an approved plan" in last:
+            return call("submit_plan", plan="write something")
+        if last.startswith("plan rejected"):
+            return call("submit_plan", plan="write intro.md with three sections")
+        if last.startswith("plan approved"):
+            return call("write_file", name="intro.md")
+        return "done"
+
+    plans: list[tuple[str, str]] = []
+
+    async def approver(member: str, plan: str) -> tuple[bool, str]:
+        plans.append((member, plan))
+        return ("three sections" in plan, "too vague" if "three" not in plan else "")
+
+    async with MemoryMailboxes() as mail:
+        writer = Teammate(
+            "writer", FunctionModel(brain), tools=[write_file], needs_approval=("write_file",)
+        )
+        async with Team(mail, [writer], approver=approver) as team:
+            result = await team.ask("writer", "write the intro", timeout=10)
+    assert result.answer == "done"
+    assert plans == [
+        ("writer", "write something"),
+        ("writer", "write intro.md with three sections"),
+    ]
+    assert written == ["intro.md"]  # once, after the approval
+    assert any(e.type == IDLE for e in team.notices)
+
+
+async def test_errors_in_the_body_are_not_wrapped() -> None:
+    async with MemoryMailboxes() as mail:
+        with pytest.raises(RemoteError, match="StaleShutdown"):
+            async with Team(mail, [Teammate("writer", lambda: ScriptedModel([]))]):
+                stale = Envelope.request(
+                    "lead", "writer", ShutdownBody(incarnation="x"), type=SHUTDOWN
+                )
+                await mail.request(stale, timeout=5)
