@@ -295,7 +295,7 @@ async def test_plan_approval_gate_blocks_side_effects_until_approved(tmp_path: P
 
 async def test_errors_in_the_body_are_not_wrapped() -> None:
     async with MemoryMailboxes() as mail:
-        with pytest.raises(RemoteError, match="StaleShutdown"):
+        with pytest.raises(RemoteError, match="StaleShutdown"):  # noqa: PT012 -- the whole block
             async with Team(mail, [Teammate("writer", lambda: ScriptedModel([]))]):
                 stale = Envelope.request(
                     "lead", "writer", ShutdownBody(incarnation="x"), type=SHUTDOWN
