@@ -408,6 +408,7 @@ class _Runner:
         self.current: Request | None = None
         self.held: list[Envelope] = []  # arrived while idle: delivered with the next task
         self.shutdown_request: Request | None = None
+        self._tools: list[Tool | Callable[..., Any]] | None = None
 
     async def serve(self) -> None:
         await self._idle(None)
@@ -421,6 +422,7 @@ class _Runner:
             else:
                 self.held.append(envelope)
                 self.inbox.ack_nowait(envelope)
+                self.status.last = f"{envelope.type} {envelope.id} from {envelope.sender}"
         assert self.shutdown_request is not None
         await self.mail.send(
             Envelope.response(
@@ -466,7 +468,10 @@ class _Runner:
     def _agent(self) -> Agent:
         teammate = self.teammate
         model = teammate.model if isinstance(teammate.model, Model) else teammate.model()
-        tools = [*teammate.tools, *messaging_tools(self.mail, teammate.name)]
+        if self._tools is None:  # once per incarnation, at its first task: a tool builds a
+            # pydantic model for its arguments, which an idle teammate need not pay for
+            self._tools = [*teammate.tools, *messaging_tools(self.mail, teammate.name)]
+        tools = self._tools
         if teammate.needs_approval:
             tools = self._gated(tools)
         return Agent(

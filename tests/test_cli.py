@@ -177,6 +177,7 @@ def test_bench_smoke_emits_every_figure(tmp_path: Path) -> None:
         "idle receiver in another process wakes, p50",
         "drain a backlog of 1,000",
         "agent step, checkpointed, at step 10",
+        "20 idle teammates: CPU while idle",
     ):
         assert figures[name]["value"] > 0
     assert figures["awaited sends, durability none"]["baseline_value"] > 0

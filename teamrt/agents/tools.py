@@ -12,6 +12,7 @@ the model as data (`{"error": "Type: message"}`), never as a crash. Output is ca
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Iterable
@@ -59,7 +60,7 @@ class Tool:
     thread: bool = False
     max_output: int = DEFAULT_MAX_OUTPUT
 
-    @property
+    @functools.cached_property
     def spec(self) -> ToolSpec:
         schema = self.args_model.model_json_schema()
         schema.pop("title", None)

@@ -31,7 +31,8 @@ from teamrt.agents import Agent, Limits, Memory, tool
 from teamrt.envelopes import Envelope, Message, new_id
 from teamrt.mail.log import encode, stamp
 from teamrt.mail.mailboxes import FileMailboxes, Inbox
-from teamrt.models import ChatMessage, ModelReply, ScriptedModel, ToolSpec, call
+from teamrt.models import ChatMessage, FunctionModel, ModelReply, ScriptedModel, ToolSpec, call
+from teamrt.team import Team, Teammate
 
 MEMBERS = ("lead", "echo", "sink")
 
@@ -63,14 +64,15 @@ class Sizes:
     depth_small: int
     depth_large: int
     agent_steps: int
+    idle_members: int
 
     @classmethod
     def pick(cls, quick: bool, smoke: bool) -> Sizes:
         if smoke:
-            return cls(400, 40, 100, 40, 10, 100, 1000, 60)
+            return cls(400, 40, 100, 40, 10, 100, 1000, 60, 20)
         if quick:
-            return cls(5000, 300, 2000, 500, 50, 1000, 100_000, 1020)
-        return cls(20000, 1000, 5000, 2000, 200, 1000, 1_000_000, 1020)
+            return cls(5000, 300, 2000, 500, 50, 1000, 100_000, 1020, 1000)
+        return cls(20000, 1000, 5000, 2000, 200, 1000, 1_000_000, 1020, 1000)
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -604,6 +606,70 @@ class Bench:
                 )
             )
 
+    async def teams(self) -> None:
+        """Many idle teammates in one process: idle CPU, memory each, and wake-ups."""
+        n = self.sizes.idle_members
+        small = await self._team_asks(2, idle_seconds=0)
+        big = await self._team_asks(n, idle_seconds=2.0 if n >= 1000 else 0.3)
+        self.add(
+            Figure(
+                f"{n:,} idle teammates: CPU while idle",
+                big["idle_cpu"],
+                "%",
+                target="< 0.5% of a core",
+                ok=big["idle_cpu"] < 0.5,
+            )
+        )
+        self.add(Figure(f"{n:,} idle teammates: memory per teammate", big["memory_kib"], "KiB"))
+        self.add(
+            Figure(
+                f"wake one teammate among {n:,} (task round trip), p50",
+                big["p50"],
+                "us",
+                "same in a team of 2",
+                small["p50"],
+                "within 2x",
+                big["p50"] <= 2 * small["p50"],
+            )
+        )
+        self.add(
+            Figure(f"broadcast to {big['reached']:,} teammates, all received", big["bcast"], "ms")
+        )
+
+    async def _team_asks(self, members: int, *, idle_seconds: float) -> dict[str, float]:
+        def answer(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+            return "ok"
+
+        names = [f"m{i:04d}" for i in range(members)]
+        path = self.team(f"team{members}")
+        out: dict[str, float] = {}
+        async with FileMailboxes(path, members=["lead", *names]) as mail:
+            rss_before = _rss_kib()
+            team = Team(mail, [Teammate(name, FunctionModel(answer)) for name in names])
+            async with team:
+                out["memory_kib"] = (_rss_kib() - rss_before) / members
+                if idle_seconds:
+                    await anyio.sleep(0.5)  # let the start-up notices settle
+                    cpu = time.process_time()
+                    await anyio.sleep(idle_seconds)
+                    out["idle_cpu"] = (time.process_time() - cpu) / idle_seconds * 100
+                target = names[len(names) // 2]
+                times = []
+                for _ in range(60):
+                    start = time.perf_counter()
+                    await team.ask(target, "wake up", timeout=30)
+                    times.append((time.perf_counter() - start) * 1e6)
+                out["p50"] = statistics.median(times[10:])
+                reached = names[:100]
+                start = time.perf_counter()
+                await mail.send(Envelope.broadcast("lead", "all hands", type="announcement"))
+                # polled at 1 ms: the team's own status is what shows a teammate received it
+                while not all(team.status[m].last.startswith("announcement") for m in reached):  # noqa: ASYNC110
+                    await anyio.sleep(0.001)
+                out["bcast"] = (time.perf_counter() - start) * 1000
+                out["reached"] = len(reached)
+        return out
+
     @staticmethod
     async def _drain(team: Path, depth: int) -> float:
         """Envelopes per second handed out by receive_nowait() from a backlog of `depth`."""
@@ -673,6 +739,11 @@ async def _agent_steps(steps: int, directory: Path | None) -> list[float]:
     return [(b - a) * 1e6 for a, b in itertools.pairwise(stamps)]
 
 
+def _rss_kib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024
+
+
 def _write_backlog(path: Path, depth: int) -> None:
     """Append `depth` distinct, valid envelopes quickly (one template, new ids and seqs)."""
     envelope = Envelope.message("lead", "sink", {"i": 0, "text": "hello world"})
@@ -738,6 +809,7 @@ async def _run(root: Path, sizes: Sizes, only: str | None) -> list[Figure]:
         ("wakes", bench.wakes),
         ("depth", bench.depth),
         ("agent", bench.agent_loop),
+        ("team", bench.teams),
     ]
     for name, step in steps:
         if only is None or name == only or (only == "contention" and name == "sends"):

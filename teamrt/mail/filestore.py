@@ -190,14 +190,15 @@ class InboxPaths:
         return self.dir / f"{self.name}.{index:06d}.jsonl"
 
     def rotated_segments(self) -> list[int]:
-        """Indexes of the rotated (closed) segments, oldest first."""
-        pattern = re.compile(re.escape(self.name) + r"\.(\d{6})\.jsonl")
-        found = []
-        for entry in os.listdir(self.dir):
-            m = pattern.fullmatch(entry)
-            if m is not None:
-                found.append(int(m.group(1)))
-        return sorted(found)
+        """Indexes of the rotated (closed) segments, oldest first.
+
+        Segments are numbered from 0 without gaps (nothing is ever deleted), so this probes
+        names in order instead of listing a directory that holds every member's files.
+        """
+        count = 0
+        while self.segment(count).exists():
+            count += 1
+        return list(range(count))
 
     def segments(self) -> list[Path]:
         """Every segment of the log in order, the active file last (for replay and inspect)."""
