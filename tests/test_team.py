@@ -301,3 +301,41 @@ async def test_errors_in_the_body_are_not_wrapped() -> None:
                     "lead", "writer", ShutdownBody(incarnation="x"), type=SHUTDOWN
                 )
                 await mail.request(stale, timeout=5)
+
+
+async def test_mail_racing_the_end_of_a_task_reaches_the_next_one() -> None:
+    seen: list[str] = []
+
+    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        seen.extend(m.content or "" for m in messages if m.role == "user")
+        return "ok"
+
+    async with (
+        MemoryMailboxes() as mail,
+        Team(mail, [Teammate("worker", FunctionModel(brain))]) as team,
+    ):
+        await team.ask("worker", "first", timeout=5)
+        await mail.send(Envelope.message("lead", "worker", "sent as it went idle"))
+        await team.ask("worker", "second", timeout=5)
+    assert seen[0] == "first"
+    assert any("sent as it went idle" in text for text in seen[1:])
+
+
+async def test_live_view_prints_each_change_when_not_a_terminal() -> None:
+    import io
+
+    from teamrt.cli.live import live_view
+
+    out = io.StringIO()
+    async with (
+        MemoryMailboxes() as mail,
+        Team(mail, [Teammate("writer", lambda: ScriptedModel(["x"]))]) as team,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(lambda: live_view(team, interval=0.01, out=out))
+        await team.ask("writer", "go", timeout=5)
+        await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    lines = out.getvalue().splitlines()
+    assert lines[0].split()[:2] == ["writer", "idle"]
+    assert any("tasks  1" in line for line in lines)
