@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -644,10 +645,12 @@ class Bench:
         path = self.team(f"team{members}")
         out: dict[str, float] = {}
         async with FileMailboxes(path, members=["lead", *names]) as mail:
-            rss_before = _rss_kib()
+            tracemalloc.start()  # Python allocations, not RSS: RSS reuses memory freed earlier
+            baseline = tracemalloc.get_traced_memory()[0]
             team = Team(mail, [Teammate(name, FunctionModel(answer)) for name in names])
             async with team:
-                out["memory_kib"] = (_rss_kib() - rss_before) / members
+                out["memory_kib"] = (tracemalloc.get_traced_memory()[0] - baseline) / members / 1024
+                tracemalloc.stop()
                 if idle_seconds:
                     await anyio.sleep(0.5)  # let the start-up notices settle
                     cpu = time.process_time()
@@ -737,11 +740,6 @@ async def _agent_steps(steps: int, directory: Path | None) -> list[float]:
         raise AssertionError(f"the benchmark agent stopped early: {report.summary()}")
     stamps = model.stamps
     return [(b - a) * 1e6 for a, b in itertools.pairwise(stamps)]
-
-
-def _rss_kib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024
 
 
 def _write_backlog(path: Path, depth: int) -> None:
