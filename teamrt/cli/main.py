@@ -74,6 +74,27 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from teamrt.cli.replay import parse_time, run_replay, split
+    from teamrt.replay import Filter
+
+    keep = Filter(
+        agents=split(args.agent),
+        kinds=split(args.kind),
+        types=split(args.type),
+        trace=args.trace,
+        since=parse_time(args.since),
+        until=parse_time(args.until),
+        grep=args.grep,
+    )
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            return run_replay(
+                args.dir, fmt=args.format, keep=keep, follow=False, colour="never", out=out
+            )
+    return run_replay(args.dir, fmt=args.format, keep=keep, follow=args.follow, colour=args.color)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from teamrt.cli.bench import run_bench
 
@@ -156,6 +177,42 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
     inspect.set_defaults(run=_inspect, is_async=False)
 
+    replay = commands.add_parser(
+        "replay",
+        help="read a team directory back as one timeline",
+        description="Merge every inbox (every segment) into one timeline by send time; join "
+        "each request to its response with the latency; flag unanswered, timed-out and late "
+        "requests, second answers, duplicates and undecodable lines. Streams: memory does not "
+        "grow with the number of envelopes. Reads files only; takes no lock.",
+    )
+    replay.add_argument("dir", help="team directory")
+    replay.add_argument(
+        "--format",
+        default="text",
+        choices=["text", "json", "mermaid", "html"],
+        help="text (default), json (one object per line), mermaid (a sequence "
+        "diagram) or html (one self-contained page)",
+    )
+    replay.add_argument(
+        "--agent",
+        action="append",
+        help="only envelopes from or to these agents (repeat or comma-separate)",
+    )
+    replay.add_argument("--kind", action="append", help="message, request, response, broadcast")
+    replay.add_argument("--type", action="append", help="envelope types, e.g. task,task_result")
+    replay.add_argument("--trace", help="one trace id")
+    replay.add_argument("--since", help="seconds since the epoch or an ISO time (UTC)")
+    replay.add_argument("--until", help="seconds since the epoch or an ISO time (UTC)")
+    replay.add_argument("--grep", help="only lines containing this text")
+    replay.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep printing new envelopes as they arrive (text and json)",
+    )
+    replay.add_argument("--color", default="auto", choices=["auto", "always", "never"])
+    replay.add_argument("-o", "--output", help="write to this file instead of standard output")
+    replay.set_defaults(run=_replay, is_async=False)
+
     bench = commands.add_parser(
         "bench",
         help="measure the mailboxes against raw baselines on this disk",
@@ -220,6 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TeamrtError as exc:
         print(f"teamrt {args.command}: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `teamrt replay DIR | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -229,4 +229,5 @@ async def run(
     print(f"\nThe writer wrote {document} ({len(document.read_text().split())} words).")
     print(f"Inbox files: {team_dir / 'inboxes'}; transcripts: {team_dir / 'agents'}")
     print(f"Look at the team:  teamrt inspect {team_dir}")
+    print(f"Replay the run:    teamrt replay {team_dir}   (--format html -o run.html for a page)")
     return 0 if result.stop_reason == "answer" else 1
