@@ -138,6 +138,22 @@ class Journal:
         return state
 
 
+def summarise(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The last run in an agent's journal: task, stop, steps, tool calls, tokens, cost."""
+    state = Journal(path).load()
+    if state is None:
+        return None
+    return {
+        "task": state.task[:200],
+        "stop_reason": state.stop.reason if state.stop else "running or interrupted",
+        "detail": state.stop.detail if state.stop else "",
+        "steps": state.steps,
+        "tool_calls": state.tool_calls,
+        "tokens": state.usage.total_tokens,
+        "cost": state.cost if state.cost_known else None,
+    }
+
+
 class Transcript:
     """Appends every model call and reply to the agent's transcript file."""
 

@@ -64,13 +64,39 @@ async def _send(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from teamrt.agents.journal import summarise
+    from teamrt.mail.filestore import lease_holder
     from teamrt.mail.inspect import format_report, inspect_team
 
     report = inspect_team(args.dir)
+    root = Path(args.dir)
+    agents: list[dict[str, Any]] = []
+    for name in report.members:
+        journal = root / "agents" / f"{name}.state.jsonl"
+        agents.append(
+            {
+                "name": name,
+                "running": lease_holder(root, name),
+                "last_run": summarise(journal) if journal.exists() else None,
+            }
+        )
     if args.json:
-        print(json.dumps(report.to_json_dict(), indent=2))
-    else:
-        print(format_report(report))
+        print(json.dumps({**report.to_json_dict(), "agents": agents}, indent=2))
+        return 0
+    print(format_report(report))
+    print("\nagent       running                                          last run")
+    for agent in agents:
+        run = agent["last_run"]
+        last = (
+            "no agent journal"
+            if run is None
+            else (
+                f"{run['stop_reason']}: {run['steps']} steps, {run['tool_calls']} tool calls, "
+                f"{run['tokens']} tokens, "
+                + ("cost unknown" if run["cost"] is None else f"${run['cost']:.4f}")
+            )
+        )
+        print(f"{agent['name']:10}  {agent['running'] or 'no':47}  {last}")
     return 0
 
 
@@ -95,6 +121,39 @@ def _replay(args: argparse.Namespace) -> int:
     return run_replay(args.dir, fmt=args.format, keep=keep, follow=args.follow, colour=args.color)
 
 
+async def _rerun(args: argparse.Namespace) -> int:
+    from teamrt.agents.tools import Tool, tool
+    from teamrt.rerun import rerun
+    from teamrt.team import Teammate
+
+    teammate = _load_teammate(args.spec) if args.spec else Teammate(args.agent, model=None)  # type: ignore[arg-type]
+    tools = [t if isinstance(t, Tool) else tool(t) for t in teammate.tools]
+    report, divergence, recorded = await rerun(
+        Path(args.dir) / "agents", args.agent, tools, teammate.instructions
+    )
+    if divergence is None:
+        print(
+            f"rerun of {args.agent}: {recorded} recorded steps, the same again "
+            f"(no model called; {report.stop.reason if report else '?'})"
+        )
+        return 0
+    print(f"rerun of {args.agent}: {divergence}")
+    return 1
+
+
+def _load_teammate(spec: str) -> Any:
+    from teamrt.team import Teammate
+
+    module_name, _, attribute = spec.partition(":")
+    if not attribute:
+        raise SystemExit("--spec must be module:object")
+    target = getattr(importlib.import_module(module_name), attribute)
+    teammate = target() if callable(target) and not isinstance(target, Teammate) else target
+    if not isinstance(teammate, Teammate):
+        raise SystemExit(f"{spec} is not a Teammate")
+    return teammate
+
+
 def _bench(args: argparse.Namespace) -> int:
     from teamrt.cli.bench import run_bench
 
@@ -104,15 +163,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 async def _run_agent(args: argparse.Namespace) -> int:
-    from teamrt.team import Team, Teammate
+    from teamrt.team import Team
 
-    module_name, _, attribute = args.spec.partition(":")
-    if not attribute:
-        raise SystemExit("teamrt run-agent: --spec must be module:object")
-    target = getattr(importlib.import_module(module_name), attribute)
-    teammate = target() if callable(target) and not isinstance(target, Teammate) else target
-    if not isinstance(teammate, Teammate):
-        raise SystemExit(f"teamrt run-agent: {args.spec} is not a Teammate")
+    teammate = _load_teammate(args.spec)
     if teammate.name != args.name:
         teammate = dataclasses.replace(teammate, name=args.name)
     async with FileMailboxes(args.dir, create=False) as mail:
@@ -212,6 +265,23 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--color", default="auto", choices=["auto", "always", "never"])
     replay.add_argument("-o", "--output", help="write to this file instead of standard output")
     replay.set_defaults(run=_replay, is_async=False)
+
+    rerun = commands.add_parser(
+        "rerun",
+        help="run an agent again against its recorded transcript, with no model calls",
+        description="Replays the recorded model replies and checks, step by step, that the "
+        "loop builds the same conversation; the spec's tools run for real, messaging tools "
+        "return what they returned in the recording. Reports the first step that differs "
+        "(exit code 1) or that the run is the same (0).",
+    )
+    rerun.add_argument("dir", help="team directory (its agents/ folder holds the transcripts)")
+    rerun.add_argument("--agent", required=True, help="the agent to re-run")
+    rerun.add_argument(
+        "--spec",
+        help="module:object naming the agent's Teammate (its tools and "
+        "instructions as the code has them now)",
+    )
+    rerun.set_defaults(run=_rerun, is_async=True)
 
     bench = commands.add_parser(
         "bench",

@@ -558,6 +558,24 @@ class FileReader(InboxReader):
         self.fd = self._cursor_fd = -1
 
 
+def lease_holder(team_dir: Path, name: str) -> str | None:
+    """Who runs member `name` now ("pid N, incarnation ID"), or None if nobody holds its lease.
+    Takes the lock for an instant only when it is free; never blocks."""
+    try:
+        fd = os.open(team_dir / "agents" / f"{name}.lease", _O_READ)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown holder"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 class _FileLease(Lease):
     def __init__(self, fd: int) -> None:
         self._fd = fd

@@ -1,0 +1,169 @@
+"""Deterministic re-runs: an agent's loop run again against its recorded transcript.
+
+The model is replaced by the recording: each call returns the reply recorded for that step, after
+checking that the conversation the loop built is the one that was recorded. Tools from the spec
+run for real (that is what a code change touches); messaging tools, which would reach other
+teammates, return what they returned in the recording. The first step whose conversation differs
+is reported, so a change can be checked against a recorded run without any model call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ConfigDict, TypeAdapter, create_model
+
+from teamrt.agents.loop import Agent
+from teamrt.agents.state import RunReport
+from teamrt.agents.tools import Tool
+from teamrt.errors import ModelError, UsageError
+from teamrt.models.base import ChatMessage, ModelReply, ToolSpec
+
+_MESSAGES = TypeAdapter(list[ChatMessage])
+MESSAGING = ("send_message", "wait_for_messages", "request", "reply", "broadcast")
+
+
+@dataclass
+class Step:
+    context: list[ChatMessage]  # what the model was sent
+    reply: ModelReply
+
+
+def load_transcript(path: Path) -> list[Step]:
+    """The recorded calls, each with its whole context rebuilt from the recorded deltas."""
+    steps: list[Step] = []
+    context: list[ChatMessage] = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        sent = _MESSAGES.validate_python(record["sent"])
+        context = sent if record.get("context") == "replaced" else [*context, *sent]
+        steps.append(Step(list(context), ModelReply.model_validate(record["reply"])))
+    return steps
+
+
+class Divergence(ModelError):
+    """The re-run's conversation left the recording."""
+
+    def __init__(self, step: int, message: str) -> None:
+        super().__init__(f"differs at step {step}: {message}")
+        self.step = step
+
+
+def _show(m: ChatMessage) -> str:
+    calls = ", ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
+    text = (m.content or "") + (f" [calls {calls}]" if calls else "")
+    return f"{m.role}: {text[:160]!r}"
+
+
+def first_difference(recorded: list[ChatMessage], now: Sequence[ChatMessage]) -> str | None:
+    for i, (a, b) in enumerate(zip(recorded, now, strict=False)):
+        if (a.role, a.content, a.tool_call_id, [(c.name, c.arguments) for c in a.tool_calls]) != (
+            b.role,
+            b.content,
+            b.tool_call_id,
+            [(c.name, c.arguments) for c in b.tool_calls],
+        ):
+            return f"message {i}: recorded {_show(a)}, now {_show(b)}"
+    if len(recorded) != len(now):
+        return f"the conversation has {len(now)} messages, the recording {len(recorded)}"
+    return None
+
+
+class RecordedModel:
+    """Answers from a recording, and checks the conversation at every call."""
+
+    def __init__(self, steps: list[Step], name: str = "recorded") -> None:
+        self.steps = steps
+        self.calls = 0
+        self._name = name
+        self.divergence: Divergence | None = None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> ModelReply:
+        step = self.calls + 1
+        if self.calls >= len(self.steps):
+            self.divergence = Divergence(
+                step,
+                "the re-run wants a model call the recording "
+                f"does not have (it has {len(self.steps)})",
+            )
+            raise self.divergence
+        recorded = self.steps[self.calls]
+        difference = first_difference(recorded.context, messages)
+        if difference is not None:
+            self.divergence = Divergence(step, difference)
+            raise self.divergence
+        self.calls += 1
+        return recorded.reply
+
+
+def _recorded_results(steps: list[Step]) -> dict[str, str]:
+    """Tool results by call id, from the contexts of later steps."""
+    results: dict[str, str] = {}
+    for step in steps:
+        for m in step.context:
+            if m.role == "tool" and m.tool_call_id:
+                results[m.tool_call_id] = m.content or ""
+    return results
+
+
+def _stub(name: str, results: dict[str, str], order: list[str]) -> Tool:
+    """A messaging tool that answers what it answered in the recording, call by call."""
+
+    async def replayed() -> str:
+        if not order:
+            raise UsageError(f"no recorded result left for {name}")
+        return results.get(order.pop(0), "")
+
+    # any arguments are accepted: the model's calls are replayed verbatim
+    arguments = create_model(f"{name}_recorded", __config__=ConfigDict(extra="allow"))
+    return Tool(
+        name=name,
+        description=f"{name}, as recorded",
+        fn=replayed,
+        args_model=arguments,
+        is_async=True,
+    )
+
+
+async def rerun(
+    directory: Path, name: str, tools: Sequence[Tool], instructions: str, task: str | None = None
+) -> tuple[RunReport | None, Divergence | None, int]:
+    """Re-run agent `name` from `directory` (its agents/ folder). Returns the report, the
+    divergence if any, and the number of recorded steps."""
+    path = directory / f"{name}.transcript.jsonl"
+    if not path.exists():
+        raise UsageError(f"no transcript at {path}")
+    steps = load_transcript(path)
+    if not steps:
+        raise UsageError(f"{path} records no model call")
+    if task is None:
+        task = next((m.content or "" for m in steps[0].context if m.role == "user"), "")
+    results = _recorded_results(steps)
+    order_by_tool: dict[str, list[str]] = {}
+    for step in steps:
+        for call in step.reply.tool_calls:
+            order_by_tool.setdefault(call.name, []).append(call.id)
+    kept = [t for t in tools if t.name not in MESSAGING]
+    stubs = [_stub(n, results, order_by_tool.get(n, [])) for n in MESSAGING if n in order_by_tool]
+    model = RecordedModel(steps)
+    agent = Agent(name, model, instructions=instructions, tools=[*kept, *stubs])
+    report = await agent.run(task)
+    divergence = model.divergence
+    if divergence is None and model.calls < len(steps):
+        divergence = Divergence(
+            model.calls + 1,
+            f"the re-run stopped after {model.calls} model "
+            f"calls ({report.stop.reason}); the recording has {len(steps)}",
+        )
+    return report, divergence, len(steps)

@@ -1,0 +1,68 @@
+"""Deterministic re-runs against a recorded transcript find the first step that changed."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from teamrt.agents import Agent, tool
+from teamrt.cli.main import main
+from teamrt.models import ScriptedModel, call
+from teamrt.rerun import rerun
+
+SAMPLE = Path(__file__).parent.parent / "mailboxes" / "samples" / "research-writer"
+
+
+@tool
+def price(sku: str) -> dict[str, float]:
+    """The price of a SKU."""
+    return {"sku_price": {"A": 2.0, "B": 3.5}[sku]}
+
+
+@tool
+def new_price(sku: str) -> dict[str, float]:
+    """The price of a SKU, after a change in the code."""
+    return {"sku_price": {"A": 2.0, "B": 4.0}[sku]}
+
+
+async def _record(directory: Path) -> None:
+    model = ScriptedModel([call("price", sku="A"), call("price", sku="B"), "A is 2, B is 3.5"])
+    agent = Agent("clerk", model, instructions="Quote prices.", tools=[price], directory=directory)
+    assert (await agent.run("Price A and B.")).ok
+
+
+async def test_an_unchanged_agent_reruns_the_same(tmp_path: Path) -> None:
+    await _record(tmp_path)
+    report, divergence, steps = await rerun(tmp_path, "clerk", [price], "Quote prices.")
+    assert divergence is None and steps == 3
+    assert report is not None and report.answer == "A is 2, B is 3.5"
+
+
+async def test_a_changed_tool_is_found_at_the_step_that_saw_it(tmp_path: Path) -> None:
+    await _record(tmp_path)
+    changed = dataclasses.replace(new_price, name="price")
+    _, divergence, _ = await rerun(tmp_path, "clerk", [changed], "Quote prices.")
+    assert divergence is not None and divergence.step == 3
+    assert "recorded tool: '{\"sku_price\": 3.5}', now tool: '{\"sku_price\": 4.0}'" in str(
+        divergence
+    )
+
+
+async def test_changed_instructions_differ_at_the_first_step(tmp_path: Path) -> None:
+    await _record(tmp_path)
+    _, divergence, _ = await rerun(tmp_path, "clerk", [price], "Quote prices politely.")
+    assert divergence is not None and divergence.step == 1
+
+
+def test_rerun_command_on_the_recorded_sample() -> None:
+    code = main(
+        [
+            "rerun",
+            str(SAMPLE),
+            "--agent",
+            "researcher",
+            "--spec",
+            "teamrt.demos.research_writer:researcher",
+        ]
+    )
+    assert code == 0
