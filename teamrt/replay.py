@@ -30,7 +30,7 @@ from teamrt.mail.filestore import InboxPaths
 from teamrt.mail.log import LineSplitter
 
 _CHUNK = 1 << 20
-_WINDOW = 100_000  # recent ids remembered per check (bounded: flat memory on huge logs)
+_WINDOW = 10_000  # recent ids remembered per check (bounded: flat memory on huge logs)
 
 
 @dataclass(slots=True)

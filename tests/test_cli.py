@@ -82,6 +82,7 @@ def test_send_then_inspect(team: Path, capsys: pytest.CaptureFixture[str]) -> No
     report = json.loads(capsys.readouterr().out)
     worker = next(i for i in report["inboxes"] if i["name"] == "worker")
     assert (worker["depth"], worker["lag"], worker["pending_requests"]) == (3, 3, [request_id])
+    assert report["agents"][0] == {"name": "lead", "running": None, "last_run": None}
     assert main(["inspect", str(team)]) == 0
     table = capsys.readouterr().out
     assert "worker" in table and f"unanswered request {request_id}" in table
@@ -178,6 +179,7 @@ def test_bench_smoke_emits_every_figure(tmp_path: Path) -> None:
         "drain a backlog of 1,000",
         "agent step, checkpointed, at step 10",
         "20 idle teammates: CPU while idle",
+        "replay 1,000 envelopes (timeline, pairing, flags)",
     ):
         assert figures[name]["value"] > 0
     assert figures["awaited sends, durability none"]["baseline_value"] > 0

@@ -339,3 +339,38 @@ async def test_live_view_prints_each_change_when_not_a_terminal() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0].split()[:2] == ["writer", "idle"]
     assert any("tasks  1" in line for line in lines)
+
+
+async def test_inspect_shows_who_runs_each_member_and_its_last_run(tmp_path: Path) -> None:
+    from teamrt.cli.main import main
+
+    team_dir = tmp_path / "t"
+    async with (
+        FileMailboxes(team_dir) as mail,
+        Team(
+            mail, [Teammate("writer", lambda: ScriptedModel(["x"]))], agent_dir=team_dir / "agents"
+        ) as team,
+    ):
+        await team.ask("writer", "go", timeout=5)
+        code = await anyio.to_thread.run_sync(main, ["inspect", str(team_dir), "--json"])
+        assert code == 0
+    # the same facts, read from the files once the team has stopped
+    from teamrt.agents.journal import summarise
+    from teamrt.mail.filestore import lease_holder
+
+    assert lease_holder(team_dir, "writer") is None
+    run = summarise(team_dir / "agents" / "writer.state.jsonl")
+    assert run is not None and (run["stop_reason"], run["steps"]) == ("answer", 1)
+
+
+async def test_lease_holder_names_the_running_incarnation(tmp_path: Path) -> None:
+    from teamrt.mail.filestore import lease_holder
+
+    team_dir = tmp_path / "t"
+    async with (
+        FileMailboxes(team_dir) as mail,
+        Team(mail, [Teammate("writer", lambda: ScriptedModel([]))]) as team,
+    ):
+        holder = lease_holder(team_dir, "writer")
+        assert holder is not None
+        assert team.status["writer"].incarnation in holder and "pid " in holder

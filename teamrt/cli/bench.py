@@ -33,6 +33,7 @@ from teamrt.envelopes import Envelope, Message, new_id
 from teamrt.mail.log import encode, stamp
 from teamrt.mail.mailboxes import FileMailboxes, Inbox
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ScriptedModel, ToolSpec, call
+from teamrt.replay import timeline
 from teamrt.team import Team, Teammate
 
 MEMBERS = ("lead", "echo", "sink")
@@ -673,6 +674,48 @@ class Bench:
                 out["reached"] = len(reached)
         return out
 
+    async def replay(self) -> None:
+        """Replay throughput at the large depth, and peak memory at two depths (it streams)."""
+        large = self.sizes.depth_large
+        small = max(1000, large // 10)
+        peaks = {}
+        for depth in (small, large):
+            team = self.team(f"replay{depth}")
+            async with FileMailboxes(team, members=MEMBERS):
+                pass
+            for name in ("lead", "echo", "sink"):  # three inboxes, merged by time
+                _write_backlog(team / "inboxes" / f"{name}.jsonl", depth // 3)
+            if depth == large:
+                start = time.perf_counter()
+                count = sum(1 for _ in timeline(team))
+                rate = count / (time.perf_counter() - start)
+            tracemalloc.start()
+            for _ in timeline(team):
+                pass
+            peaks[depth] = tracemalloc.get_traced_memory()[1] / 2**20
+            tracemalloc.stop()
+            shutil.rmtree(team)
+        self.add(
+            Figure(
+                f"replay {large:,} envelopes (timeline, pairing, flags)",
+                rate,
+                "/s",
+                target=">= 100,000/s",
+                ok=rate >= 100_000,
+            )
+        )
+        self.add(
+            Figure(
+                f"replay peak memory at {large:,} envelopes",
+                peaks[large],
+                "MiB",
+                f"same at {small:,}",
+                peaks[small],
+                "flat (within 1.5x + 1 MiB)",
+                peaks[large] <= 1.5 * peaks[small] + 1,
+            )
+        )
+
     @staticmethod
     async def _drain(team: Path, depth: int) -> float:
         """Envelopes per second handed out by receive_nowait() from a backlog of `depth`."""
@@ -808,6 +851,7 @@ async def _run(root: Path, sizes: Sizes, only: str | None) -> list[Figure]:
         ("depth", bench.depth),
         ("agent", bench.agent_loop),
         ("team", bench.teams),
+        ("replay", bench.replay),
     ]
     for name, step in steps:
         if only is None or name == only or (only == "contention" and name == "sends"):

@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dir", help="where to put scratch teams (default: a temp dir)")
     bench.add_argument(
         "--only",
-        choices=["sends", "contention", "round_trips", "wakes", "depth", "agent", "team"],
+        choices=["sends", "contention", "round_trips", "wakes", "depth", "agent", "team", "replay"],
         help="run one group of measurements",
     )
     bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
