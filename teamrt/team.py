@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -358,6 +359,7 @@ class Team:
     async def _life(self, teammate: Teammate, task_status: TaskStatus[None]) -> None:
         status = self.status[teammate.name]
         started = False
+        carried: tuple[deque[Request], list[Envelope]] = (deque(), [])
         with anyio.CancelScope() as scope:
             self._scopes[teammate.name] = scope
             while True:
@@ -370,7 +372,7 @@ class Team:
                     if not started:
                         task_status.started()
                         started = True
-                    runner = _Runner(self, teammate, incarnation, status)
+                    runner = _Runner(self, teammate, incarnation, status, carried)
                     try:
                         await runner.serve()
                         status.state = "stopped"
@@ -384,6 +386,7 @@ class Team:
                         status.state = "restarting" if restarting else "crashed"
                         if not restarting:
                             return
+                        carried = (runner.queued, runner.held)  # the next incarnation serves them
                 finally:
                     lease.release()
                 await anyio.sleep(teammate.restart.delay(status.restarts))
@@ -395,7 +398,12 @@ class _Runner:
     """One incarnation of one teammate: waits for tasks, runs them, follows the protocol."""
 
     def __init__(
-        self, team: Team, teammate: Teammate, incarnation: str, status: MemberStatus
+        self,
+        team: Team,
+        teammate: Teammate,
+        incarnation: str,
+        status: MemberStatus,
+        carried: tuple[deque[Request], list[Envelope]] = (deque(), []),
     ) -> None:
         self.team, self.teammate, self.incarnation, self.status = (
             team,
@@ -406,20 +414,26 @@ class _Runner:
         self.mail = team.mail
         self.inbox = team.mail.inbox(teammate.name)
         self.current: Request | None = None
-        self.held: list[Envelope] = []  # arrived while idle: delivered with the next task
+        # from a crashed predecessor, if any: requests that arrived during its task, and mail
+        # that arrived while it was idle (delivered with the next task)
+        self.queued: deque[Request] = carried[0]
+        self.held: list[Envelope] = carried[1]
         self.shutdown_request: Request | None = None
         self._tools: list[Tool | Callable[..., Any]] | None = None
 
     async def serve(self) -> None:
         await self._idle(None)
         while self.shutdown_request is None:
+            if self.queued:  # requests that arrived while the last task ran
+                await self._work(self.queued.popleft())
+                continue
             envelope = await self.inbox.receive()
             if self._is_shutdown(envelope):
                 await self._accept_shutdown(envelope)  # type: ignore[arg-type]
                 continue  # accepted: the loop ends; stale: refused, keep serving
             if isinstance(envelope, Request):
                 await self._work(envelope)
-            else:
+            else:  # delivered with the next task
                 self.held.append(envelope)
                 self.inbox.ack_nowait(envelope)
                 self.status.last = f"{envelope.type} {envelope.id} from {envelope.sender}"
@@ -462,7 +476,7 @@ class _Runner:
         self.inbox.ack_nowait(request)
         self.current = None
         self.status.tasks_done += 1
-        if self.shutdown_request is None:
+        if self.shutdown_request is None and not self.queued:
             await self._idle(result)
 
     def _agent(self) -> Agent:
@@ -541,8 +555,8 @@ class _Runner:
                 if await self._accept_shutdown(envelope):  # type: ignore[arg-type]
                     raise StopRequested(f"shutdown requested by {envelope.sender}")
                 continue
-            if isinstance(envelope, Request) and envelope.type == TASK:
-                self.held.append(envelope)  # another task: after this one (not acked yet)
+            if isinstance(envelope, Request):
+                self.queued.append(envelope)  # another task: after this one (acked when done)
                 continue
             messages.append(
                 ChatMessage.user(
@@ -555,15 +569,6 @@ class _Runner:
 
     async def _idle(self, last: TaskResult | None) -> None:
         self.status.state = "idle"
-        # a held task waits for the next turn of serve(): put it back in front of the inbox
-        if self.held and any(isinstance(e, Request) for e in self.held):
-            held, self.held = self.held, []
-            for envelope in held:
-                if isinstance(envelope, Request):
-                    await self._work(envelope)
-                else:
-                    self.held.append(envelope)
-            return
         await self.mail.send(
             Envelope.message(
                 self.teammate.name,
@@ -597,9 +602,12 @@ class _Runner:
             if not restarting:  # nobody will serve what is queued: fail it now
                 while True:
                     try:
-                        queued = self.inbox.receive_nowait()
-                    except anyio.WouldBlock:
-                        break
+                        queued: Envelope = self.queued.popleft()
+                    except IndexError:
+                        try:
+                            queued = self.inbox.receive_nowait()
+                        except anyio.WouldBlock:
+                            break
                     if isinstance(queued, Request):
                         await self.mail.send(
                             Envelope.error(

@@ -374,3 +374,46 @@ async def test_lease_holder_names_the_running_incarnation(tmp_path: Path) -> Non
         holder = lease_holder(team_dir, "writer")
         assert holder is not None
         assert team.status["writer"].incarnation in holder and "pid " in holder
+
+
+async def test_requests_arriving_mid_task_are_served_after_it_even_across_a_restart() -> None:
+    started = anyio.Event()
+
+    @tool
+    async def wait_a_bit(seconds: float) -> str:
+        """Wait."""
+        started.set()
+        await anyio.sleep(seconds)  # the next request arrives meanwhile
+        return "waited"
+
+    def model() -> FunctionModel:
+        async def brain(
+            messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+        ) -> ModelReply | str:
+            task = messages[0].content or ""
+            if task != "crash":
+                return f"did {task}"
+            if len(messages) == 1:
+                return call("wait_a_bit", seconds=0.1)
+            raise RuntimeError("boom")  # after the step boundary queued the next request
+
+        return FunctionModel(brain)
+
+    async with MemoryMailboxes() as mail:
+        flaky = Teammate(
+            "flaky", model, tools=[wait_a_bit], restart=RestartPolicy(on_failure=True, backoff=0.01)
+        )
+        async with Team(mail, [flaky]) as team:
+            results: dict[str, str] = {}
+
+            async def ask(text: str) -> None:
+                try:
+                    results[text] = (await team.ask("flaky", text, timeout=10)).answer or ""
+                except RemoteError as exc:
+                    results[text] = exc.error_type
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ask, "crash")
+                await started.wait()
+                tg.start_soon(ask, "second")
+    assert results == {"crash": "TeammateCrashed", "second": "did second"}
