@@ -119,6 +119,10 @@ def run_demo(name: str, *, directory: str, model: str = "offline") -> int:
         from teamrt.demos import research_writer
 
         return int(anyio.run(research_writer.run, Path(directory), model, True, True))
+    if name == "conductor":
+        from teamrt.demos import conductor
+
+        return int(anyio.run(conductor.run, Path(directory)))
     if name == "service":
         return int(anyio.run(service_demo, Path(directory)))
     if name == "exchange":

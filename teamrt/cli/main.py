@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         "name",
         nargs="?",
         default="research-writer",
-        choices=["research-writer", "two-process", "service", "exchange"],
+        choices=["research-writer", "two-process", "service", "conductor", "exchange"],
     )
     demo.add_argument(
         "--model",

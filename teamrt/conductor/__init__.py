@@ -1,0 +1,33 @@
+"""The conductor: plans of checkable subtasks, dispatched to teammates and verified by running
+their checks, with integration and acceptance checks, brakes, and every decision on disk."""
+
+from teamrt.conductor.checks import Evidence, Policy, run_check
+from teamrt.conductor.conductor import Conductor
+from teamrt.conductor.plan import (
+    TRANSITIONS,
+    IllegalTransition,
+    Plan,
+    PlanError,
+    Subtask,
+    advance,
+    pick,
+    ready,
+)
+from teamrt.conductor.state import ConductorState, Decision
+
+__all__ = [
+    "TRANSITIONS",
+    "Conductor",
+    "ConductorState",
+    "Decision",
+    "Evidence",
+    "IllegalTransition",
+    "Plan",
+    "PlanError",
+    "Policy",
+    "Subtask",
+    "advance",
+    "pick",
+    "ready",
+    "run_check",
+]

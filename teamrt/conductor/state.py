@@ -1,0 +1,63 @@
+"""The conductor's state on disk (`conductor/state.json`): the goal, the plan, each subtask's
+status and rounds, every decision with who made it and the evidence, and the spending. It is
+replaced atomically after every decision, so a conductor killed mid-run resumes from it without
+redoing accepted work."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from teamrt.conductor.checks import Evidence
+from teamrt.conductor.plan import Plan
+
+
+class Decision(BaseModel):
+    step: int
+    by: str  # "conductor", a worker's name, or "human"
+    subtask: str | None = None
+    action: str  # assign, verify, integrate, retry, escalate, resolve, accept, replan, ...
+    detail: str = ""
+    evidence: Evidence | None = None
+
+
+class ConductorState(BaseModel):
+    goal: str
+    plan: Plan
+    statuses: dict[str, str] = Field(default_factory=dict)
+    rounds: dict[str, int] = Field(default_factory=dict)
+    decisions: list[Decision] = Field(default_factory=list)
+    step: int = 0
+    replans: int = 0
+    tokens: int = 0
+    cost: float = 0.0
+    outcome: str | None = None  # accepted, escalated, failed, step cap, ...
+
+    def decide(
+        self,
+        by: str,
+        action: str,
+        subtask: str | None = None,
+        detail: str = "",
+        evidence: Evidence | None = None,
+    ) -> Decision:
+        decision = Decision(
+            step=self.step, by=by, subtask=subtask, action=action, detail=detail, evidence=evidence
+        )
+        self.decisions.append(decision)
+        return decision
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(self.model_dump_json(indent=2))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> ConductorState | None:
+        try:
+            return cls.model_validate_json(path.read_text())
+        except FileNotFoundError:
+            return None
