@@ -260,7 +260,9 @@ class Conductor:
             return
         state.replans += 1
         old = {s.id: s for s in state.plan.subtasks}
-        plan = await self._make_plan(evidence.tail)
+        plan = await self._make_plan(
+            f"`{evidence.command}` exited with {evidence.exit_code}:\n{evidence.tail}"
+        )
         state.plan = plan
         state.statuses = {
             s.id: (
