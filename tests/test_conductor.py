@@ -313,3 +313,72 @@ async def test_conductor_demo_runs_offline(
     failed = [d for d in state["decisions"] if d["evidence"] and d["evidence"]["exit_code"] == 1]
     assert failed and "assert 5 == 6" in failed[0]["evidence"]["tail"]
     assert (tmp_path / "conductor-work" / "calc" / "__main__.py").exists()
+
+
+def test_plans_from_json_and_yaml_files(tmp_path: Path) -> None:
+    data = {
+        "subtasks": [
+            {"id": "a", "description": "make a", "check": "true"},
+            {"id": "b", "description": "make b", "check": "true", "depends_on": ["a"]},
+        ],
+        "acceptance_check": "true",
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    (tmp_path / "plan.yaml").write_text(
+        "subtasks:\n  - id: a\n    description: make a\n    check: 'true'\n"
+        "  - id: b\n    description: make b\n    check: 'true'\n    depends_on: [a]\n"
+        "acceptance_check: 'true'\n"
+    )
+    assert Plan.load(tmp_path / "plan.json") == Plan.load(tmp_path / "plan.yaml")
+    (tmp_path / "bad.yaml").write_text("subtasks: [{id: a, description: x}]\nacceptance_check: x")
+    with pytest.raises(PlanError, match="check"):
+        Plan.load(tmp_path / "bad.yaml")
+
+
+async def test_an_escalation_answered_with_teamrt_send(tmp_path: Path) -> None:
+    from teamrt.cli.main import main
+
+    team_dir = tmp_path / "team"
+
+    def lazy(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        return "done, trust me"  # never does it: the human will accept it as it is
+
+    async def human(mail: FileMailboxes) -> None:
+        question = await mail.inbox("human").receive(timeout=10)
+        code = await anyio.to_thread.run_sync(
+            main,
+            [
+                "send",
+                str(team_dir),
+                "--from",
+                "human",
+                "--to",
+                "lead",
+                "--kind",
+                "response",
+                "--in-reply-to",
+                question.id,
+                "--body",
+                '"done"',
+            ],
+        )
+        assert code == 0
+
+    async with (
+        FileMailboxes(team_dir, members=["human"]) as mail,
+        Team(mail, [Teammate("w", FunctionModel(lazy))]) as team,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(human, mail)
+        p = plan(sub("a"), acceptance="true")
+        state = await Conductor(
+            team,
+            "make a",
+            plan=p,
+            workdir=tmp_path,
+            policy=Policy.prefixes(f"{PY} -c", "true"),
+            round_cap=1,
+        ).run()
+    assert state.outcome == "accepted"
+    assert [d.action for d in state.decisions if d.by == "human"] == ["answer: done"]
+    assert state.statuses["a"] == "done"

@@ -230,3 +230,12 @@ def test_the_recorded_sample_replays() -> None:
     assert ("lead", "researcher", "task") in kinds
     assert ("researcher", "writer", "request") in kinds
     assert ("writer", "researcher", "task_result") in kinds
+
+
+def test_the_recorded_conductor_sample_replays() -> None:
+    summary = Summary()
+    events = list(timeline(SAMPLE.parent / "conductor-team", summary=summary))
+    assert summary.corrupt == 0 and not summary.unanswered
+    assert any(e.type == "task" and e.recipient.startswith("builder") for e in events)
+    state = (SAMPLE.parent / "conductor-team" / "conductor" / "state.json").read_text()
+    assert '"outcome": "accepted"' in state

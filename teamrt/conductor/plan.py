@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -51,6 +52,24 @@ class Plan(BaseModel):
         except (ValueError, ValidationError) as exc:
             raise PlanError(f"not a plan: {exc}") from None
         return plan.validated()
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """A plan from a JSON or YAML file (YAML needs PyYAML: `pip install 'teamrt[yaml]'`)."""
+        source = Path(path)
+        text = source.read_text()
+        if source.suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise PlanError(
+                    f"{source}: reading YAML needs PyYAML (pip install 'teamrt[yaml]')"
+                ) from None
+            try:
+                return cls.parse(yaml.safe_load(text))
+            except yaml.YAMLError as exc:
+                raise PlanError(f"{source}: not YAML: {exc}") from None
+        return cls.parse(text)
 
     def validated(self) -> Plan:
         ids = [s.id for s in self.subtasks]
