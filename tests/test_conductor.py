@@ -382,3 +382,17 @@ async def test_an_escalation_answered_with_teamrt_send(tmp_path: Path) -> None:
     assert state.outcome == "accepted"
     assert [d.action for d in state.decisions if d.by == "human"] == ["answer: done"]
     assert state.statuses["a"] == "done"
+
+
+async def test_step_cap_brakes_the_run(tmp_path: Path) -> None:
+    async with (
+        MemoryMailboxes() as mail,
+        Team(mail, [builder(tmp_path, lazy=frozenset({"a", "b", "c"}))]) as team,
+    ):
+        p = plan(sub("a"), sub("b", "a"), sub("c", "b"), acceptance=exists("c"))
+        state = await Conductor(
+            team, "abc", plan=p, workdir=tmp_path, policy=POLICY, step_cap=3
+        ).run()
+    assert state.outcome == "step cap"
+    assert state.decisions[-1].detail == "step cap 3 reached"
+    assert state.step == 3

@@ -100,7 +100,9 @@ class Conductor:
         self.state = state
         self._save()
         while state.outcome is None:
-            if state.step >= self.step_cap:
+            if state.step >= self.step_cap and not all(
+                v == "done" for v in state.statuses.values()
+            ):
                 state.outcome = "step cap"
                 state.decide("conductor", "brake", detail=f"step cap {self.step_cap} reached")
                 break
@@ -123,6 +125,8 @@ class Conductor:
         state = self._state()
         feedback = ""
         while True:
+            if state.step >= self.step_cap or state.outcome is not None:
+                return  # the run is braking: the main loop records why
             state.step += 1
             worker = self._worker_for(subtask)
             if state.statuses[subtask.id] == "pending":
