@@ -27,9 +27,7 @@ import pydantic_core
 
 from teamrt.errors import StoreError
 from teamrt.mail.filestore import InboxPaths
-from teamrt.mail.log import LineSplitter
 
-_CHUNK = 1 << 20
 _WINDOW = 10_000  # recent ids remembered per check (bounded: flat memory on huge logs)
 
 
@@ -165,18 +163,8 @@ def read_inbox(
 ) -> Iterator[Event]:
     """Every line of one inbox, every segment, in file order. Streams. When it ends, the
     segment and offset after its last complete line are left in `positions[name]`."""
-    for index, segment in enumerate(paths.segments()):
-        splitter = LineSplitter()
-        try:
-            f = segment.open("rb")
-        except FileNotFoundError:
-            continue
-        with f:
-            while chunk := f.read(_CHUNK):
-                for offset, _end, raw, _too_long in splitter.feed(chunk):
-                    yield _event(paths.name, index, offset, raw)
-        if positions is not None:
-            positions[paths.name] = (index, splitter.position)
+    for index, (offset, _end, raw, _too_long) in paths.frames(positions):
+        yield _event(paths.name, index, offset, raw)
 
 
 def members(team_dir: Path) -> list[str]:

@@ -24,9 +24,8 @@ import anyio
 
 from teamrt.agents import tool
 from teamrt.mail import FileMailboxes
-from teamrt.mail.filestore import InboxPaths
-from teamrt.mail.log import LineDecoder, Record
 from teamrt.models import ChatMessage, FunctionModel, Model, ModelReply, ToolSpec, call, calls
+from teamrt.replay import timeline
 from teamrt.team import Team, Teammate
 
 NOTES = Path(__file__).with_name("notes")
@@ -153,18 +152,6 @@ researcher, writer = teammates()
 # --- the run ------------------------------------------------------------------------------------
 
 
-def timeline(team_dir: Path) -> list[Any]:
-    """Every envelope in every inbox, in the order they were sent."""
-    envelopes = []
-    for inbox in sorted((team_dir / "inboxes").glob("*.lock")):
-        paths = InboxPaths(inbox.parent, inbox.stem)
-        for segment in paths.segments():
-            for item in LineDecoder().feed(segment.read_bytes()):
-                if isinstance(item, Record):
-                    envelopes.append(item.envelope)
-    return sorted(envelopes, key=lambda e: (e.ts, e.id))
-
-
 def _preview(body: Any) -> str:
     text = body if isinstance(body, str) else json.dumps(body)
     text = " ".join(text.split())
@@ -219,7 +206,7 @@ async def run(
     print(f"({result.stop_reason}: {result.steps} steps, {result.tool_calls} tool calls)\n")
     print("What travelled through the inboxes:")
     start = None
-    for e in timeline(team_dir):
+    for e in timeline(team_dir):  # teamrt.replay: every inbox, merged by send time
         start = start if start is not None else e.ts
         print(
             f"  +{(e.ts - start) * 1000:7.1f} ms  {e.sender:>10} -> {e.recipient:<10} "

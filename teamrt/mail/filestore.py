@@ -27,7 +27,7 @@ import re
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,6 +203,25 @@ class InboxPaths:
     def segments(self) -> list[Path]:
         """Every segment of the log in order, the active file last (for replay and inspect)."""
         return [self.segment(i) for i in self.rotated_segments()] + [self.log]
+
+    def frames(
+        self, positions: dict[str, tuple[int, int]] | None = None
+    ) -> Iterator[tuple[int, Frame]]:
+        """Every complete line of every segment, in file order, as (segment index, frame),
+        streamed (for tools that read whole logs). When it ends, the segment and offset after
+        the last complete line are left in `positions[name]`."""
+        for index, segment in enumerate(self.segments()):
+            splitter = LineSplitter()
+            try:
+                f = segment.open("rb")
+            except FileNotFoundError:
+                continue
+            with f:
+                while chunk := f.read(READ_CHUNK):
+                    for frame in splitter.feed(chunk):
+                        yield index, frame
+            if positions is not None:
+                positions[self.name] = (index, splitter.position)
 
     def active_index(self) -> int:
         rotated = self.rotated_segments()

@@ -7,15 +7,14 @@ the number of open requests, not by the size of the logs.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from teamrt.errors import StoreError
 from teamrt.mail.filestore import InboxPaths, read_cursor
-from teamrt.mail.log import Corrupt, LineDecoder, Record
-
-_CHUNK = 1 << 20
+from teamrt.mail.log import Corrupt, Record, decode_frame
 
 
 @dataclass
@@ -43,17 +42,9 @@ class TeamReport:
         return asdict(self)
 
 
-def _records(paths: InboxPaths) -> Any:
-    for index, segment in enumerate(paths.segments()):
-        decoder = LineDecoder()
-        try:
-            f = segment.open("rb")
-        except FileNotFoundError:
-            continue
-        with f:
-            while chunk := f.read(_CHUNK):
-                for item in decoder.feed(chunk):
-                    yield index, item
+def _records(paths: InboxPaths) -> Iterator[tuple[int, Record | Corrupt]]:
+    for index, frame in paths.frames():
+        yield index, decode_frame(frame)
 
 
 def inspect_team(path: str | Path) -> TeamReport:
