@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeGuard
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -429,7 +429,7 @@ class _Runner:
                 continue
             envelope = await self.inbox.receive()
             if self._is_shutdown(envelope):
-                await self._accept_shutdown(envelope)  # type: ignore[arg-type]
+                await self._accept_shutdown(envelope)
                 continue  # accepted: the loop ends; stale: refused, keep serving
             if isinstance(envelope, Request):
                 await self._work(envelope)
@@ -444,7 +444,7 @@ class _Runner:
             )
         )
 
-    def _is_shutdown(self, envelope: Envelope) -> bool:
+    def _is_shutdown(self, envelope: Envelope) -> TypeGuard[Request]:
         return envelope.type == SHUTDOWN and isinstance(envelope, Request)
 
     async def _accept_shutdown(self, request: Request) -> bool:
@@ -552,7 +552,7 @@ class _Runner:
         messages = []
         for envelope in arrived:
             if self._is_shutdown(envelope):
-                if await self._accept_shutdown(envelope):  # type: ignore[arg-type]
+                if await self._accept_shutdown(envelope):
                     raise StopRequested(f"shutdown requested by {envelope.sender}")
                 continue
             if isinstance(envelope, Request):

@@ -124,12 +124,15 @@ def _replay(args: argparse.Namespace) -> int:
 async def _rerun(args: argparse.Namespace) -> int:
     from teamrt.agents.tools import Tool, tool
     from teamrt.rerun import rerun
-    from teamrt.team import Teammate
 
-    teammate = _load_teammate(args.spec) if args.spec else Teammate(args.agent, model=None)  # type: ignore[arg-type]
-    tools = [t if isinstance(t, Tool) else tool(t) for t in teammate.tools]
+    tools: list[Tool] = []
+    instructions = ""
+    if args.spec:  # without one, the agent is re-run with no tools and no instructions
+        teammate = _load_teammate(args.spec)
+        tools = [t if isinstance(t, Tool) else tool(t) for t in teammate.tools]
+        instructions = teammate.instructions
     report, divergence, recorded = await rerun(
-        Path(args.dir) / "agents", args.agent, tools, teammate.instructions
+        Path(args.dir) / "agents", args.agent, tools, instructions
     )
     if divergence is None:
         print(

@@ -33,7 +33,8 @@ class Text:
     """One line per envelope, a colour per agent on a terminal."""
 
     def __init__(self, out: TextIO, colour: bool) -> None:
-        self.out, self.colour, self._colours = out, colour, {}  # type: ignore[var-annotated]
+        self.out, self.colour = out, colour
+        self._colours: dict[str, int] = {}
 
     def _name(self, name: str) -> str:
         if not self.colour:

@@ -424,25 +424,23 @@ class Mailboxes:
         """Send several envelopes; consecutive ones to the same inbox share one locked write."""
         self._check_open()
         batch: list[bytes] = []
-        recipient = None
-        encode_one = self._encode
+        recipient = ""
         for envelope in envelopes:
-            if envelope.recipient != recipient or isinstance(envelope, Broadcast):
-                if batch:
-                    await self._append_batch(recipient, batch)  # type: ignore[arg-type]
-                    batch = []
-                if isinstance(envelope, Broadcast):
-                    await self.send(envelope)
-                    recipient = None
-                    continue
-                recipient = envelope.recipient
-            batch.append(encode_one(envelope))
-        if batch:
-            await self._append_batch(recipient, batch)  # type: ignore[arg-type]
+            if isinstance(envelope, Broadcast):
+                await self._append_batch(recipient, batch)
+                batch, recipient = [], ""
+                await self.send(envelope)
+                continue
+            if envelope.recipient != recipient:
+                await self._append_batch(recipient, batch)
+                batch, recipient = [], envelope.recipient
+            batch.append(self._encode(envelope))
+        await self._append_batch(recipient, batch)
 
     async def _append_batch(self, recipient: str, batch: list[bytes]) -> None:
-        await self.store.append_many(recipient, batch)
-        self._wake(recipient)
+        if batch:
+            await self.store.append_many(recipient, batch)
+            self._wake(recipient)
 
     def _wake(self, name: str) -> None:
         inbox = self._inboxes.get(name)
