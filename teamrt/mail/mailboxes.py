@@ -13,6 +13,7 @@ Everything here is store-agnostic: no file or lock is touched in this module.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import time
@@ -53,6 +54,10 @@ DEFAULT_RESCAN_INTERVAL = 1.0
 DEFAULT_COMMIT_DELAY = 0.01
 _POLL_INTERVAL = 0.05  # where the platform has no file notifications
 _REMEMBERED_REQUESTS = 4096
+
+
+def _batch_key(envelope: Envelope) -> str:
+    return envelope.recipient  # "*" for broadcasts, which are sent one by one
 
 
 class _BoundedSet:
@@ -421,24 +426,17 @@ class Mailboxes:
         self._wake(envelope.recipient)
 
     async def send_many(self, envelopes: Sequence[Envelope]) -> None:
-        """Send several envelopes; consecutive ones to the same inbox share one locked write."""
-        self._check_open()
-        batch: list[bytes] = []
-        recipient = ""
-        for envelope in envelopes:
-            if isinstance(envelope, Broadcast):
-                await self._append_batch(recipient, batch)
-                batch, recipient = [], ""
-                await self.send(envelope)
-                continue
-            if envelope.recipient != recipient:
-                await self._append_batch(recipient, batch)
-                batch, recipient = [], envelope.recipient
-            batch.append(self._encode(envelope))
-        await self._append_batch(recipient, batch)
+        """Send several envelopes; consecutive ones to the same inbox share one locked write.
 
-    async def _append_batch(self, recipient: str, batch: list[bytes]) -> None:
-        if batch:
+        Every envelope is encoded and checked before anything is written to its inbox.
+        """
+        self._check_open()
+        for recipient, group in itertools.groupby(envelopes, key=_batch_key):
+            if recipient == "*":
+                for broadcast in group:
+                    await self.send(broadcast)
+                continue
+            batch = [self._encode(envelope) for envelope in group]
             await self.store.append_many(recipient, batch)
             self._wake(recipient)
 
