@@ -152,6 +152,16 @@ researcher, writer = teammates()
 # --- the run ------------------------------------------------------------------------------------
 
 
+def _command() -> str:
+    """How the user ran teamrt (`.venv/bin/teamrt` after `make demo`), to print commands
+    they can paste."""
+    invoked = Path(sys.argv[0])
+    if invoked.name == "teamrt":
+        relative = os.path.relpath(invoked)
+        return relative if "/" in relative and not relative.startswith("..") else "teamrt"
+    return "teamrt"
+
+
 def _preview(body: Any) -> str:
     text = body if isinstance(body, str) else json.dumps(body)
     text = " ".join(text.split())
@@ -215,6 +225,7 @@ async def run(
     document = _scratch() / "agent-loop.md"
     print(f"\nThe writer wrote {document} ({len(document.read_text().split())} words).")
     print(f"Inbox files: {team_dir / 'inboxes'}; transcripts: {team_dir / 'agents'}")
-    print(f"Look at the team:  teamrt inspect {team_dir}")
-    print(f"Replay the run:    teamrt replay {team_dir}   (--format html -o run.html for a page)")
+    command = _command()
+    print(f"Look at the team:  {command} inspect {team_dir}")
+    print(f"Replay the run:    {command} replay {team_dir}   (--format html -o run.html: a page)")
     return 0 if result.stop_reason == "answer" else 1
