@@ -147,7 +147,8 @@ body{font:14px system-ui,sans-serif;margin:1em}
 table{border-collapse:collapse;width:100%}
 td,th{padding:2px 6px;border-bottom:1px solid #ddd;text-align:left;white-space:nowrap}
 tr.event{cursor:pointer} tr.event:hover{background:#f4f4f8}
-td.body{white-space:normal;max-width:40em;overflow:hidden;text-overflow:ellipsis}
+td.body{white-space:normal;max-width:40em}
+.clamp{display:-webkit-box;-webkit-line-clamp:2;-webkit-box-orient:vertical;overflow:hidden}
 .flag{color:#b00;font-weight:bold} pre#detail{background:#f7f7f7;padding:1em;white-space:pre-wrap}
 #controls{position:sticky;top:0;background:#fff;padding:.5em 0}
 </style></head><body>
@@ -165,6 +166,12 @@ HTML_TAIL = """]</script>
 const events = JSON.parse(document.getElementById("events").textContent);
 const rows = document.getElementById("rows");
 function text(e) { return JSON.stringify(e).toLowerCase(); }
+const colours = {};
+const palette = ["#c0392b", "#2471a3", "#1e8449", "#9a7d0a", "#7d3c98", "#117a65", "#a04000"];
+function colour(name) {
+  if (!(name in colours)) colours[name] = palette[Object.keys(colours).length % palette.length];
+  return colours[name];
+}
 function render() {
   const q = document.getElementById("filter").value.toLowerCase();
   const flagged = document.getElementById("flagged").checked;
@@ -180,9 +187,17 @@ function render() {
       (e.flags || []).join(", "), JSON.stringify(e.body)];
     cells.forEach((value, i) => {
       const td = document.createElement("td");
-      td.textContent = value;
+      if (i === 7) {  // bodies folded to two lines; click the row for the whole envelope
+        const div = document.createElement("div");
+        div.className = "clamp";
+        div.textContent = value;
+        td.className = "body";
+        td.appendChild(div);
+      } else {
+        td.textContent = value;
+      }
+      if (i === 1 || i === 2) td.style.color = colour(value);
       if (i === 6) td.className = "flag";
-      if (i === 7) td.className = "body";
       tr.appendChild(td);
     });
     tr.addEventListener("click", () => {
