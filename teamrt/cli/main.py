@@ -1,4 +1,4 @@
-"""The `teamrt` command: send, inspect, bench, demo."""
+"""The `teamrt` command: send, inspect, replay, rerun, bench, run-agent, demo."""
 
 from __future__ import annotations
 
@@ -288,10 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench",
-        help="measure the mailboxes against raw baselines on this disk",
+        help="measure mailboxes, the agent loop, teams and replay against baselines",
         description="Measures sends, contention, group commit, round trips, wake-ups, pick-up "
-        "and drain at depth, and prints each figure beside a baseline measured in "
-        "the same run, with the ratio and the target.",
+        "and drain at depth, the agent loop's cost per step, idle teammates and wake-ups among "
+        "many, and replay throughput and memory; prints each figure beside a baseline measured "
+        "in the same run, with the ratio and the target.",
     )
     bench.add_argument("--quick", action="store_true", help="smaller sizes (depth 100k, not 1M)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
