@@ -321,8 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="run a demo offline on real file mailboxes",
-        description="exchange: a lead and a worker in another process trade requests and "
-        "responses through their inbox files.",
+        description="research-writer (default): a researcher reads the shipped notes and sends "
+        "findings to a writer, who writes agent-loop.md. two-process: the same with the writer "
+        "in its own process. service: a Starlette app runs the team in its lifespan. "
+        "conductor: scripted builders get a small Python package through its pytest checks. "
+        "exchange: a lead and a worker in another process trade raw requests.",
     )
     demo.add_argument(
         "name",

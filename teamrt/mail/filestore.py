@@ -11,8 +11,9 @@ loop; only a contended lock goes to a worker thread. In `fsync` mode, senders th
 fdatasync calls (group commit) outside the lock.
 
 Readers take no lock: they pread from their cursor, decode complete lines only, quarantine what
-cannot be decoded, and commit the cursor by atomic replace. This module must never delete a lock
-file, truncate below a line another writer completed, or create an inbox for an unknown name.
+cannot be decoded, and commit the cursor by overwriting the older of its two checksummed slots
+(see FileReader.commit). This module must never delete a lock file, truncate below a line
+another writer completed, or create an inbox for an unknown name.
 """
 
 from __future__ import annotations
