@@ -403,6 +403,10 @@ class AckTracker:
     def unacked(self) -> int:
         return len(self._outstanding)
 
+    def is_outstanding(self, id_: str) -> bool:
+        """True if `id_` was delivered and is not acked yet."""
+        return id_ in self._outstanding
+
     def _remember(self, id_: str) -> None:
         if id_ in self._recent_set:
             return

@@ -175,6 +175,25 @@ class Inbox:
             self._commits.ticket()
             self._mailboxes._commit_soon(self)
 
+    def release(self, *envelopes: Envelope) -> None:
+        """Hand back envelopes that were received but not acked: the next `receive` calls get
+        them again, in the order given, before anything newer.
+
+        This is redelivery within one process (a restart in another process gets every
+        unacked envelope again from the committed cursor anyway). Releasing an acked envelope
+        is a usage error: it would be handled twice.
+        """
+        if self._closed:
+            raise MailboxClosed(f"{self.name}'s inbox is closed")
+        for envelope in envelopes:
+            if not self._tracker.is_outstanding(envelope.id):
+                raise UsageError(
+                    f"envelope {envelope.id} is not received and unacked: it cannot be released"
+                )
+        self._ready.extendleft(reversed(envelopes))
+        if envelopes:
+            self._signal()
+
     async def flush(self) -> None:
         """Wait until every ack so far is in the committed cursor."""
         await self._commits.wait(self._commits.requested)
