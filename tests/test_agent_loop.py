@@ -259,8 +259,9 @@ async def test_resumed_run_ends_as_the_uninterrupted_run(tmp_path: Path) -> None
     first, _ = agent(script, directory=tmp_path / "run", tools=[flaky, echo])
     with pytest.raises(Crash):
         await first.run("check things")
-    # a new process: a new agent and a model that continues from the step that was lost
-    second, model = agent(script[3:], directory=tmp_path / "run", tools=[flaky, echo])
+    # a new process: the reply of the interrupted step is in the journal, so its tool call runs
+    # again (with the same call id) and the model is asked only for what comes after
+    second, model = agent(script[4:], directory=tmp_path / "run", tools=[flaky, echo])
     resumed = await second.run("check things", resume=True)
     model.assert_done()
     for field in ("stop", "answer", "steps", "tool_calls", "tool_errors"):

@@ -1,11 +1,20 @@
 """The agent's files: a checkpoint journal that grows by the step, and the transcript.
 
-The journal (`<agent>.state.jsonl`) has one JSON line per event: `start` (the whole initial
-state), `step` (the messages the step appended, the tool-call signatures and result digests it
-added, and the scalar counters), `replace` (the conversation after memory compacted it) and
-`stop`. Replaying the lines rebuilds the state, so a long run never rewrites its history, and a
-crash loses at most the step in progress. The transcript (`<agent>.transcript.jsonl`) records
-every model call: the messages sent since the previous call and the reply, enough to replay a run
+The journal (`<agent>.state.jsonl`) has one JSON line per event:
+
+- `start`: the whole state at the start of a task (or of a round of mail). A teammate's
+  conversation carries across tasks, so each task begins by rewriting the journal as one
+  snapshot (written to a temporary file and renamed over the journal: never half a journal);
+- `call`: a model reply, with the messages injected before it and the ids of the inputs
+  (envelopes) they came from; written before any of the reply's tool calls runs;
+- `result`: one tool call's result, as soon as that call finishes;
+- `step`: the end of a step (messages it added beyond the reply and the results, counters);
+- `replace`: the conversation after memory compacted it; `stop`: how the task ended.
+
+Replaying the lines rebuilds the state, so a long run never rewrites its history. A crash loses at
+most the call in progress: a resumed run re-runs only the tool calls of the last reply that have no
+`result` line, with the same call ids. The transcript (`<agent>.transcript.jsonl`) records every
+model call: the messages sent since the previous call and the reply, enough to replay a run
 without the model.
 """
 
@@ -14,12 +23,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter
 
-from teamrt.agents.state import AgentState, Stop
+from teamrt.agents.state import AgentState, OpenStep, Stop
 from teamrt.errors import StoreError
 from teamrt.models.base import ChatMessage, ModelReply, Usage
 
@@ -34,14 +44,20 @@ _SCALARS = {
     "cost",
     "cost_known",
     "elapsed",
+    "idle",
     "context_tokens",
     "compactions",
     "answer",
+    "task_index",
 }
 
 
+def _encode(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
 def _append_line(path: Path, record: dict[str, Any]) -> None:
-    data = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    data = _encode(record)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -54,9 +70,34 @@ def _append_line(path: Path, record: dict[str, Any]) -> None:
         raise StoreError(exc.errno or 0, f"write {path}: {exc.strerror}") from None
 
 
+def _replace_file(path: Path, data: bytes) -> None:
+    """Write `data` as the whole of `path`, atomically (a crash leaves the old or the new)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
+            0o600,
+        )
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(exc.errno or 0, f"write {path}: {exc.strerror}") from None
+
+
 def _prepare(path: Path) -> Path:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
+
+
+def _dump(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    return [m.model_dump(mode="json", exclude_defaults=True) for m in messages]
 
 
 class Journal:
@@ -66,24 +107,60 @@ class Journal:
         self.path = Path(path)
 
     def start(self, state: AgentState) -> None:
-        _prepare(self.path).unlink(missing_ok=True)
-        _append_line(self.path, {"t": "start", "state": state.model_dump(mode="json")})
+        """Begin a task: the journal becomes one snapshot of `state`."""
+        _prepare(self.path)
+        _replace_file(self.path, _encode({"t": "start", "state": state.model_dump(mode="json")}))
 
     def replace(self, messages: list[ChatMessage]) -> None:
         _append_line(
             self.path, {"t": "replace", "messages": [m.model_dump(mode="json") for m in messages]}
         )
 
-    def step(
-        self, state: AgentState, appended: list[ChatMessage], calls: list[str], digests: list[str]
+    def call(
+        self,
+        state: AgentState,
+        injected: list[ChatMessage],
+        handled: list[str],
+        reply: ChatMessage,
+        usage: Usage,
     ) -> None:
+        """A model reply, before its tool calls run."""
+        _append_line(
+            self.path,
+            {
+                "t": "call",
+                "inject": _dump(injected),
+                "handled": handled,
+                "reply": reply.model_dump(mode="json", exclude_defaults=True),
+                "usage": usage.model_dump(),
+                "scalars": state.model_dump(include=_SCALARS),
+            },
+        )
+
+    def result(self, call_id: str, message: ChatMessage) -> None:
+        """One tool call finished: a resumed run will not run it again."""
+        _append_line(
+            self.path,
+            {"t": "result", "id": call_id, "message": message.model_dump(mode="json")},
+        )
+
+    def step(
+        self,
+        state: AgentState,
+        appended: list[ChatMessage],
+        calls: list[str],
+        digests: list[str],
+        handled: Sequence[str] = (),
+    ) -> None:
+        """The end of a step: `appended` are the messages it added after the reply's results."""
         _append_line(
             self.path,
             {
                 "t": "step",
-                "append": [m.model_dump(mode="json", exclude_defaults=True) for m in appended],
+                "append": _dump(appended),
                 "calls": calls,
                 "digests": digests,
+                "handled": list(handled),
                 "usage": state.usage.model_dump(),
                 "scalars": state.model_dump(include=_SCALARS),
             },
@@ -103,7 +180,8 @@ class Journal:
     def load(self) -> AgentState | None:
         """The state as of the last complete line, or None if there is no journal.
 
-        A last line cut short by a crash is ignored: that step is simply done again.
+        A last line cut short by a crash is ignored: that event simply happens again. A step
+        whose reply is recorded but which did not end comes back as `state.open_step`.
         """
         try:
             raw = self.path.read_bytes()
@@ -120,22 +198,49 @@ class Journal:
                 state = AgentState.model_validate(record["state"])
             elif state is None:
                 raise StoreError(0, f"{self.path}: journal does not begin with a start record")
-            elif kind == "replace":
-                state.messages = _MESSAGES.validate_python(record["messages"])
-            elif kind == "step":
-                state.messages.extend(_MESSAGES.validate_python(record["append"]))
-                for signature in record["calls"]:
-                    state.count_call(signature)
-                for digest in record["digests"]:
-                    state.is_new_result(digest)
-                state.usage = Usage.model_validate(record["usage"])
-                for key, value in record["scalars"].items():
-                    setattr(state, key, value)
-            elif kind == "stop":
-                state.stop = Stop.model_validate(record["stop"])
-                for key, value in record["scalars"].items():
-                    setattr(state, key, value)
+            else:
+                _apply(state, kind, record)
         return state
+
+
+def _apply(state: AgentState, kind: str, record: dict[str, Any]) -> None:
+    if kind == "replace":
+        state.messages = _MESSAGES.validate_python(record["messages"])
+    elif kind == "call":
+        state.messages.extend(_MESSAGES.validate_python(record["inject"]))
+        state.remember_handled(record["handled"])
+        reply = ChatMessage.model_validate(record["reply"])
+        state.open_step = OpenStep(reply=reply)
+        state.usage = state.usage + Usage.model_validate(record["usage"])
+        _scalars(state, record)
+    elif kind == "result" and state.open_step is not None:
+        message = ChatMessage.model_validate(record["message"])
+        state.open_step.results[record["id"]] = message
+    elif kind == "step":
+        open_step, state.open_step = state.open_step, None
+        if open_step is not None:
+            state.messages.append(open_step.reply)
+            state.messages.extend(
+                open_step.results[c.id]
+                for c in open_step.reply.tool_calls
+                if c.id in open_step.results
+            )
+        state.messages.extend(_MESSAGES.validate_python(record["append"]))
+        for signature in record["calls"]:
+            state.count_call(signature)
+        for digest in record["digests"]:
+            state.is_new_result(digest)
+        state.remember_handled(record.get("handled", []))
+        state.usage = Usage.model_validate(record["usage"])
+        _scalars(state, record)
+    elif kind == "stop":
+        state.stop = Stop.model_validate(record["stop"])
+        _scalars(state, record)
+
+
+def _scalars(state: AgentState, record: dict[str, Any]) -> None:
+    for key, value in record["scalars"].items():
+        setattr(state, key, value)
 
 
 def summarise(path: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -162,6 +267,7 @@ class Transcript:
         self._sent = 0  # messages of the current context already written
 
     def reset(self) -> None:
+        """The next record carries the whole context (a new conversation)."""
         self._sent = 0
 
     def record(
@@ -169,6 +275,7 @@ class Transcript:
     ) -> None:
         if context_replaced or self._sent > len(messages):
             self._sent = 0
+        whole = self._sent == 0
         new = messages[self._sent :]
         self._sent = len(messages)
         _append_line(
@@ -176,7 +283,7 @@ class Transcript:
             {
                 "step": step,
                 "ts": time.time(),
-                "context": "replaced" if context_replaced else "appended",
+                "context": "replaced" if whole else "appended",
                 "sent": [m.model_dump(mode="json", exclude_defaults=True) for m in new],
                 "reply": reply.model_dump(mode="json", exclude_defaults=True),
             },

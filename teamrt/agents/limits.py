@@ -47,7 +47,9 @@ class Limits:
     - `deadline`: seconds of wall-clock time for the run.
     - `max_repeats`: the same tool with the same arguments, this many times in all, is a loop.
     - `max_stale_steps`: this many steps in a row that bring nothing new (every tool result was
-      seen before) is no progress.
+      seen before) is no progress. Steps that waited for other agents (`wait_for_messages`)
+      are not counted: waiting is not stalling.
+    - `max_idle`: seconds a task may spend in waiting tools, in all (None: no limit).
     """
 
     max_steps: int = 30
@@ -58,6 +60,7 @@ class Limits:
     deadline: float | None = None
     max_repeats: int = 3
     max_stale_steps: int = 4
+    max_idle: float | None = 600.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -70,7 +73,9 @@ class Limits:
             if getattr(self, name) < 1:
                 raise UsageError(f"Limits.{name} must be at least 1")
 
-    def check_model_call(self, *, steps: int, tokens: int, cost: float, elapsed: float) -> None:
+    def check_model_call(
+        self, *, steps: int, tokens: int, cost: float, elapsed: float, idle: float = 0.0
+    ) -> None:
         """Before a model call: would it go over a limit?"""
         if steps >= self.max_steps:
             raise LimitExceeded(
@@ -83,6 +88,13 @@ class Limits:
                 "max_cost", self.max_cost, round(cost, 6), "the cost budget (USD) is spent:"
             )
         self.check_deadline(elapsed)
+        if self.max_idle is not None and idle >= self.max_idle:
+            raise LimitExceeded(
+                "max_idle",
+                self.max_idle,
+                round(idle, 3),
+                "waiting for other agents took too long: idle seconds",
+            )
 
     def check_deadline(self, elapsed: float) -> None:
         if self.deadline is not None and elapsed >= self.deadline:

@@ -1,11 +1,16 @@
 """One agent's loop: the model decides, the tools act, the results go back, until a stop.
 
-Theory of operation. All state is an `AgentState`. Each step checks the limits, compacts the
-context if it is over budget, calls the model, and hands the reply to `decide()`, a pure
-function that says whether it is an answer, tool calls, or malformed. Tool calls are validated and
-run by the toolbox, their results (errors included) go back to the model as tool messages. A
-malformed reply gets one corrective nudge; a second in a row stops the run. After each step the
-journal gets the step's changes. Every way out of the loop produces a `RunReport`.
+Theory of operation. All state is an `AgentState`. Each step checks the limits, takes in what
+arrived meanwhile (the inbound hook), compacts the context if it is over budget, calls the model,
+and hands the reply to `decide()`, a pure function that says whether it is an answer, tool calls,
+or malformed. The reply is journaled before any tool runs; the reply's tool calls then run
+concurrently (bounded; a `sequential` tool runs alone) and each result is journaled as it
+comes, so a resumed run re-runs only the calls that had not finished, with the same call ids.
+Results go back to the model in call order. A malformed reply gets one corrective nudge; a second
+in a row stops the run. Every way out of the loop produces a `RunReport`.
+
+With `keep_context=True` (a teammate) the conversation carries across `run()` calls: each task
+is appended to it, the counters and limits are per task, and memory keeps it within budget.
 
 The driver never raises for the model's or the tools' misbehaviour: that is data for the report.
 """
@@ -17,16 +22,16 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
 from teamrt.agents.journal import Journal, Transcript
 from teamrt.agents.limits import PRICES, Limits, cost_of
 from teamrt.agents.memory import Memory, context_tokens
-from teamrt.agents.state import AgentState, RunReport, Stop
+from teamrt.agents.state import AgentState, OpenStep, RunReport, Stop
 from teamrt.agents.tools import Tool, Toolbox, ToolResult
 from teamrt.errors import LimitExceeded, ModelError, StopRequested, UsageError
 from teamrt.models.base import ChatMessage, Model, ModelReply, ToolCall, Usage, message_tokens
@@ -88,6 +93,42 @@ def _digest(text: str) -> str:
 
 StepHook = Callable[[AgentState], Awaitable[list[ChatMessage]]]
 
+#: Tool calls of one reply that run at the same time, at most.
+DEFAULT_MAX_PARALLEL_TOOLS = 8
+
+
+@runtime_checkable
+class Inbound(Protocol):
+    """Where an agent's inputs come from between steps (a teammate's inbox, say).
+
+    `before_step` returns messages to add before the next model call (raising `StopRequested`
+    ends the run cleanly, resumable). `handled` returns the ids of the inputs shown to the model
+    since it was last called (by `before_step` or by a tool); the agent records them in its
+    state and journal, then calls `recorded`: only then may the source forget them (ack).
+    """
+
+    async def before_step(self, state: AgentState) -> list[ChatMessage]: ...
+
+    def handled(self) -> list[str]: ...
+
+    def recorded(self) -> None: ...
+
+
+@dataclass
+class _CallbackInbound:
+    """An `Inbound` from a plain step callback (nothing to acknowledge)."""
+
+    callback: StepHook
+
+    async def before_step(self, state: AgentState) -> list[ChatMessage]:
+        return await self.callback(state)
+
+    def handled(self) -> list[str]:
+        return []
+
+    def recorded(self) -> None:
+        pass
+
 
 class SharedBudget(Protocol):
     """A budget several agents draw on (see `teamrt.team.TeamBudget`)."""
@@ -98,19 +139,30 @@ class SharedBudget(Protocol):
     def charge(self, usage: Usage, cost: float | None) -> None: ...
 
 
+@dataclass
+class _StepWork:
+    """What one step's tool calls produced, in call order."""
+
+    results: dict[str, ChatMessage] = field(default_factory=dict)
+    appended: list[ChatMessage] = field(default_factory=list)  # after the results
+    calls: list[str] = field(default_factory=list)  # signatures counted for repeats
+    digests: list[str] = field(default_factory=list)
+
+
 class Agent:
     """An agent: a model, tools, limits, memory, and optionally files to persist its run.
 
         agent = Agent("researcher", model, instructions="...", tools=[search])
         report = await agent.run("What is inotify?")
 
-    `on_step`: called at every step boundary, before the model call; the messages it returns
-    (say, envelopes that arrived meanwhile) join the conversation, and raising `StopRequested`
-    ends the run cleanly. `budget`: a budget shared with other agents, checked before every
-    model call and charged after it.
+    `keep_context`: carry the conversation across `run()` calls (a teammate); by default each
+    run starts afresh. `inbound` (or a plain `on_step` callback): inputs that arrive between
+    steps, see `Inbound`. `budget`: a budget shared with other agents, checked before every
+    model call and charged after it. `prices`: USD per million tokens, by model name.
     `checkpoint`: a journal path; the run can be resumed from it after a crash (`resume()`).
     `transcript`: a path that receives every model call and reply. `directory`: both, as
     `<directory>/<name>.state.jsonl` and `<directory>/<name>.transcript.jsonl`.
+    `max_parallel_tools`: tool calls of one reply that may run at the same time.
     """
 
     def __init__(
@@ -128,10 +180,15 @@ class Agent:
         directory: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_step: StepHook | None = None,
+        inbound: Inbound | None = None,
         budget: SharedBudget | None = None,
+        keep_context: bool = False,
+        max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS,
     ) -> None:
         self.name = name
-        self.on_step = on_step
+        if inbound is None and on_step is not None:
+            inbound = _CallbackInbound(on_step)
+        self.inbound = inbound
         self.budget = budget
         self.model = model
         self.instructions = instructions
@@ -139,6 +196,10 @@ class Agent:
         self.limits = limits or Limits()
         self.memory = memory or Memory()
         self.prices = {**PRICES, **(prices or {})}
+        self.keep_context = keep_context
+        if max_parallel_tools < 1:
+            raise UsageError("max_parallel_tools must be at least 1")
+        self._parallel = anyio.CapacityLimiter(max_parallel_tools)
         if directory is not None:
             checkpoint = checkpoint or Path(directory) / f"{name}.state.jsonl"
             transcript = transcript or Path(directory) / f"{name}.transcript.jsonl"
@@ -154,26 +215,21 @@ class Agent:
 
     # -- entry points --
 
-    async def run(self, task: str, *, resume: bool = False) -> RunReport:
+    async def run(
+        self, task: str, *, task_id: str | None = None, resume: bool = False
+    ) -> RunReport:
         """Run `task` to a stop. With `resume=True`, continue an unfinished checkpointed run
-        of the same task if there is one."""
+        of the same task (the same `task_id`, or the same text) if there is one.
+
+        An empty `task` adds no message: the inputs of the run come from `inbound` (a round of
+        mail for a teammate)."""
         if resume and self.journal is not None:
             saved = self.journal.load()
-            if saved is not None and saved.task == task and saved.stop is None:
+            if saved is not None and saved.stop is None and _same_task(saved, task, task_id):
                 return await self._drive(saved)
-        messages = [ChatMessage.system(self.instructions)] if self.instructions else []
-        messages.append(ChatMessage.user(task))
-        state = AgentState(
-            agent=self.name,
-            task=task,
-            messages=messages,
-            pinned=len(messages),
-            context_tokens=context_tokens(messages),
-        )
+        state = self._begin(task, task_id)
         if self.journal is not None:
             self.journal.start(state)
-        if self.transcript is not None:
-            self.transcript.reset()
         return await self._drive(state)
 
     async def resume(self) -> RunReport:
@@ -186,6 +242,46 @@ class Agent:
         if saved.stop is not None:
             return self._report(saved)
         return await self._drive(saved)
+
+    def restore(self, state: AgentState | None = None) -> AgentState | None:
+        """Take up a conversation: `state`, or the one in the checkpoint journal. The next
+        `run()` continues it (with `keep_context`), and `resume()` an interrupted task."""
+        if state is None and self.journal is not None:
+            state = self.journal.load()
+        self.state = state
+        return state
+
+    def report(self) -> RunReport | None:
+        """The report of the current (or last) task, if there is one."""
+        return self._report(self.state) if self.state and self.state.stop else None
+
+    def _begin(self, task: str, task_id: str | None) -> AgentState:
+        previous = self.state if self.keep_context else None
+        if previous is None:
+            messages = [ChatMessage.system(self.instructions)] if self.instructions else []
+            pinned, handled, tasks = len(messages), [], 1
+            if self.transcript is not None:
+                self.transcript.reset()
+        else:
+            messages = _closed(previous)
+            pinned, handled, tasks = previous.pinned, previous.handled, previous.tasks + 1
+        index = None
+        if task:
+            index = len(messages)
+            messages.append(ChatMessage.user(task))
+            if previous is None:
+                pinned = len(messages)  # a one-task conversation pins its task
+        return AgentState(
+            agent=self.name,
+            task=task,
+            task_id=task_id,
+            task_index=index,
+            tasks=tasks,
+            messages=messages,
+            pinned=pinned,
+            handled=list(handled),
+            context_tokens=context_tokens(messages),
+        )
 
     # -- the loop --
 
@@ -200,12 +296,16 @@ class Agent:
         self._elapsed = elapsed
 
         while state.stop is None:
+            if state.open_step is not None:  # resumed between a reply and its results
+                await self._finish_step(state, state.open_step)
+                continue
             try:
                 self.limits.check_model_call(
                     steps=state.steps,
                     tokens=state.usage.total_tokens,
                     cost=state.cost,
                     elapsed=elapsed(),
+                    idle=state.idle,
                 )
                 if self.budget is not None:
                     self.budget.check()
@@ -215,44 +315,69 @@ class Agent:
             injected = await self._step_boundary(state)
             if state.stop is not None:
                 break
-            replaced = False
-            if self.memory.over_budget(state.context_tokens):
-                state.messages = await self.memory.fit(state.messages, state.pinned)
-                state.context_tokens = context_tokens(state.messages)
-                state.compactions += 1
-                replaced = True
-                if self.journal is not None:
-                    self.journal.replace(state.messages)
+            replaced = await self._compact(state)
             reply = await self._call_model(state, specs, elapsed)
             if reply is None:
                 break
             if self.transcript is not None:
                 self.transcript.record(state.steps + 1, state.messages, reply, replaced)
-            appended, calls, digests = await self._take_step(state, reply)
-            if self.budget is not None:
-                self.budget.charge(reply.usage, cost_of(reply.usage, self.model.name, self.prices))
-            appended[:0] = injected
-            state.elapsed = elapsed()
+            self._charge(state, reply.usage, self.model.name)
+            state.steps += 1
+            open_step = OpenStep(reply=reply.as_message())
+            handled = self.inbound.handled() if self.inbound is not None else []
+            state.remember_handled(handled)
             if self.journal is not None:
-                self.journal.step(state, appended, calls, digests)
+                self.journal.call(state, injected, handled, open_step.reply, reply.usage)
+            if self.inbound is not None:
+                self.inbound.recorded()  # what it delivered is in the journal now
+            state.open_step = open_step
+            state.elapsed = elapsed()
+            await self._finish_step(state, open_step)
         state.elapsed = elapsed()
-        if self.journal is not None:
-            self.journal.stop(state)
+        if self.journal is not None and state.stop is not None and state.stop.reason != "shutdown":
+            self.journal.stop(state)  # a shutdown leaves the task open: the next one resumes it
         return self._report(state)
 
     async def _step_boundary(self, state: AgentState) -> list[ChatMessage]:
-        """Messages that arrived during the last step (the step hook's), added to the
+        """Messages that arrived during the last step (the inbound hook's), added to the
         conversation before the next model call; a StopRequested ends the run here."""
-        if self.on_step is None:
+        if self.inbound is None:
             return []
         try:
-            injected = await self.on_step(state)
+            injected = await self.inbound.before_step(state)
         except StopRequested as exc:
             state.stop = Stop(reason="shutdown", detail=str(exc))
             return []
         state.messages.extend(injected)
         state.context_tokens += sum(message_tokens(m) for m in injected)
         return injected
+
+    async def _compact(self, state: AgentState) -> bool:
+        """Bring the context within budget; True if the conversation was replaced."""
+        if not self.memory.over_budget(state.context_tokens):
+            return False
+        task = state.messages[state.task_index] if state.task_index is not None else None
+        compacted = await self.memory.compact(state.messages, state.pinned, keep=task)
+        state.messages = compacted.messages
+        if task is not None:
+            state.task_index = next(i for i, m in enumerate(state.messages) if m is task)
+        state.context_tokens = context_tokens(state.messages)
+        state.compactions += 1
+        if compacted.usage.requests and self.memory.summariser is not None:
+            self._charge(state, compacted.usage, self.memory.summariser.name)
+        if self.journal is not None:
+            self.journal.replace(state.messages)
+        return True
+
+    def _charge(self, state: AgentState, usage: Usage, model: str) -> None:
+        state.usage = state.usage + usage
+        cost = cost_of(usage, model, self.prices)
+        if cost is None:
+            state.cost_known = False
+        else:
+            state.cost += cost
+        if self.budget is not None:
+            self.budget.charge(usage, cost)
 
     async def _call_model(
         self, state: AgentState, specs: Sequence[Any], elapsed: Callable[[], float]
@@ -275,29 +400,19 @@ class Agent:
             state.stop = Stop(reason="model_error", detail=str(exc))
         return None
 
-    async def _take_step(
-        self, state: AgentState, reply: ModelReply
-    ) -> tuple[list[ChatMessage], list[str], list[str]]:
-        """Apply one reply to the state; returns the messages, call signatures and result
-        digests it added."""
-        state.steps += 1
-        state.usage = state.usage + reply.usage
-        step_cost = cost_of(reply.usage, self.model.name, self.prices)
-        if step_cost is None:
-            state.cost_known = False
-        else:
-            state.cost += step_cost
-        appended = [reply.as_message()]
-        calls: list[str] = []
-        digests: list[str] = []
-        decision = decide(reply)
+    async def _finish_step(self, state: AgentState, step: OpenStep) -> None:
+        """Act on a recorded reply: run its tool calls (those without a result yet), then
+        close the step in the state and the journal."""
+        reply = step.reply
+        work = _StepWork(results=dict(step.results))
+        decision = decide(ModelReply(text=reply.content, tool_calls=reply.tool_calls))
         if isinstance(decision, Answer):
             state.nudges = 0
             state.answer = decision.text
             state.stop = Stop(reason="answer", detail="the model gave its answer")
         elif isinstance(decision, Malformed):
             for call in reply.tool_calls:  # every call needs a result, even an unusable one
-                appended.append(
+                work.appended.append(
                     ChatMessage.tool_result(
                         call, json.dumps({"error": f"MalformedToolCall: {decision.reason}"})
                     )
@@ -309,72 +424,79 @@ class Agent:
                 )
             else:
                 state.nudges += 1
-                appended.append(ChatMessage.user(NUDGE.format(reason=decision.reason)))
+                work.appended.append(ChatMessage.user(NUDGE.format(reason=decision.reason)))
         else:
             state.nudges = 0
-            await self._run_tools(state, decision.calls, appended, calls, digests)
-        state.messages.extend(appended)
-        state.context_tokens += sum(message_tokens(m) for m in appended)
-        return appended, calls, digests
+            await self._run_tools(state, decision.calls, work)
+        added = [
+            reply,
+            *(work.results[c.id] for c in reply.tool_calls if c.id in work.results),
+            *work.appended,
+        ]
+        state.messages.extend(added)
+        state.context_tokens += sum(message_tokens(m) for m in added)
+        state.open_step = None
+        handled = self.inbound.handled() if self.inbound is not None else []
+        state.remember_handled(handled)
+        state.elapsed = self._elapsed()
+        if self.journal is not None:
+            self.journal.step(state, work.appended, work.calls, work.digests, handled)
+        if self.inbound is not None:
+            self.inbound.recorded()
 
     async def _run_tools(
-        self,
-        state: AgentState,
-        tool_calls: tuple[ToolCall, ...],
-        appended: list[ChatMessage],
-        calls: list[str],
-        digests: list[str],
+        self, state: AgentState, tool_calls: tuple[ToolCall, ...], work: _StepWork
     ) -> None:
-        learned = False
+        """Admit the calls in order against the limits, run the admitted ones (concurrently,
+        in groups split by sequential tools), then account for the results in call order."""
+        admitted: list[ToolCall] = []
         for i, call in enumerate(tool_calls):
+            found = self.toolbox.get(call.name)
+            waits = found is not None and found.waits
             sig = signature(call)
             try:
                 self.limits.check_tool_call(
                     tool_calls=state.tool_calls,
-                    repeats=state.call_counts.get(sig, 0),
+                    repeats=0 if waits else state.call_counts.get(sig, 0),
                     signature=sig,
                 )
             except LimitExceeded as exc:
                 for skipped in tool_calls[i:]:  # keep the conversation well formed for a resume
-                    appended.append(
+                    work.appended.append(
                         ChatMessage.tool_result(skipped, json.dumps({"error": f"NotRun: {exc}"}))
                     )
                 self._stop_at_limit(state, exc)
-                return
-            state.count_call(sig)
-            calls.append(sig)
+                break
+            if not waits:
+                state.count_call(sig)
+                work.calls.append(sig)
             state.tool_calls += 1
-            result = await self._run_tool(call)
-            if result is None:  # the deadline passed while it ran
-                appended.append(
-                    ChatMessage.tool_result(
-                        call,
-                        json.dumps(
-                            {"error": "Deadline: the run's deadline passed while this tool ran"}
-                        ),
-                    )
-                )
-                self._stop_at_limit(
-                    state,
-                    LimitExceeded(
-                        "deadline",
-                        self.limits.deadline or 0,
-                        round(self._elapsed(), 3),
-                        f"the wall-clock deadline (s) passed while {call.name} ran:",
-                    ),
-                )
-                return
-            appended.append(ChatMessage.tool_result(call, result.content))
-            if result.ok:
-                state.consecutive_errors = 0
-            else:
+            admitted.append(call)
+        if admitted:
+            await self._run_admitted(state, [c for c in admitted if c.id not in work.results], work)
+        learned = waited = False
+        for call in admitted:
+            message = work.results[call.id]
+            found = self.toolbox.get(call.name)
+            if found is not None and found.waits:
+                waited = True
+                continue
+            content = message.content or ""
+            if content.startswith('{"error"'):
                 state.tool_errors += 1
                 state.consecutive_errors += 1
-            digest = _digest(result.content)
+            else:
+                state.consecutive_errors = 0
+            digest = _digest(content)
             if state.is_new_result(digest):
-                digests.append(digest)
+                work.digests.append(digest)
                 learned = True
-        state.stale_steps = 0 if learned else state.stale_steps + 1
+        if state.stop is not None:
+            return
+        if learned:
+            state.stale_steps = 0
+        elif not waited:  # waiting for others is not a lack of progress
+            state.stale_steps += 1
         try:
             self.limits.check_after_tools(
                 consecutive_errors=state.consecutive_errors, stale_steps=state.stale_steps
@@ -382,14 +504,56 @@ class Agent:
         except LimitExceeded as exc:
             self._stop_at_limit(state, exc)
 
-    async def _run_tool(self, call: ToolCall) -> ToolResult | None:
-        """Run one call; None if the run's deadline passed first (the tool is cancelled)."""
+    async def _run_admitted(
+        self, state: AgentState, calls: list[ToolCall], work: _StepWork
+    ) -> None:
+        """Run calls concurrently, a sequential tool alone; stop them at the run's deadline."""
+        groups: list[list[ToolCall]] = []
+        for call in calls:
+            alone = _is_sequential(self.toolbox, call)
+            if alone or not groups or _is_sequential(self.toolbox, groups[-1][-1]):
+                groups.append([call])
+            else:
+                groups[-1].append(call)
         deadline = self.limits.deadline
-        if deadline is None:
-            return await self.toolbox.run(call)
-        with anyio.move_on_after(max(0.0, deadline - self._elapsed())):
-            return await self.toolbox.run(call)
-        return None
+        timeout = None if deadline is None else max(0.0, deadline - self._elapsed())
+        with anyio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
+            for group in groups:
+                if len(group) == 1:
+                    await self._run_one(state, group[0], work)
+                    continue
+                async with anyio.create_task_group() as tg:
+                    for call in group:
+                        tg.start_soon(self._run_one, state, call, work)
+        if scope.cancelled_caught:
+            unfinished = [call for call in calls if call.id not in work.results]
+            names = ", ".join(dict.fromkeys(call.name for call in unfinished)) or "tools"
+            for call in unfinished:
+                error = f"Deadline: the run's deadline passed while {call.name} ran"
+                message = ChatMessage.tool_result(call, json.dumps({"error": error}))
+                self._record(work, call, message)
+            exc = LimitExceeded(
+                "deadline",
+                deadline or 0,
+                round(self._elapsed(), 3),
+                f"the wall-clock deadline (s) passed while {names} ran:",
+            )
+            self._stop_at_limit(state, exc)
+
+    async def _run_one(self, state: AgentState, call: ToolCall, work: _StepWork) -> None:
+        found = self.toolbox.get(call.name)
+        waits = found is not None and found.waits
+        async with self._parallel:
+            started = self.clock()
+            result: ToolResult = await self.toolbox.run(call)
+            if waits:
+                state.idle += self.clock() - started
+        self._record(work, call, ChatMessage.tool_result(call, result.content))
+
+    def _record(self, work: _StepWork, call: ToolCall, message: ChatMessage) -> None:
+        work.results[call.id] = message
+        if self.journal is not None:
+            self.journal.result(call.id, message)
 
     _elapsed: Callable[[], float]
 
@@ -403,13 +567,15 @@ class Agent:
         assert state.stop is not None
         partial = None
         if state.answer is None:
-            for m in reversed(state.messages[state.pinned :]):
+            start = state.task_index if state.task_index is not None else state.pinned
+            for m in reversed(state.messages[start:]):
                 if m.content and m.role in ("assistant", "tool"):
                     partial = m.content
                     break
         return RunReport(
             agent=state.agent,
             task=state.task,
+            task_id=state.task_id,
             stop=state.stop,
             answer=state.answer,
             partial=partial,
@@ -419,5 +585,31 @@ class Agent:
             usage=state.usage,
             cost=state.cost if state.cost_known else None,
             elapsed=state.elapsed,
+            idle=state.idle,
             compactions=state.compactions,
         )
+
+
+def _is_sequential(toolbox: Toolbox, call: ToolCall) -> bool:
+    found = toolbox.get(call.name)
+    return found is not None and found.sequential
+
+
+def _same_task(saved: AgentState, task: str, task_id: str | None) -> bool:
+    return saved.task_id == task_id if task_id is not None else saved.task == task
+
+
+def _closed(state: AgentState) -> list[ChatMessage]:
+    """The conversation of `state`, well formed to build on: an interrupted step's reply is
+    closed with its results, and a call that never finished says so."""
+    messages = list(state.messages)
+    step = state.open_step
+    if step is not None:
+        messages.append(step.reply)
+        for call in step.reply.tool_calls:
+            result = step.results.get(call.id)
+            if result is None:
+                error = "Interrupted: this call did not finish before the run stopped"
+                result = ChatMessage.tool_result(call, json.dumps({"error": error}))
+            messages.append(result)
+    return messages

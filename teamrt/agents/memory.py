@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from teamrt.models.base import ChatMessage, Model, message_tokens
+from teamrt.models.base import ChatMessage, Model, Usage, message_tokens
 
 SUMMARY_PREFIX = "[Summary of earlier steps]"
 
@@ -37,10 +37,25 @@ class Memory:
 
     async def fit(self, messages: list[ChatMessage], pinned: int) -> list[ChatMessage]:
         """A version of `messages` within budget (as close as the pinned part allows)."""
+        return (await self.compact(messages, pinned)).messages
+
+    async def compact(
+        self, messages: list[ChatMessage], pinned: int, *, keep: ChatMessage | None = None
+    ) -> Compacted:
+        """Like `fit`, and say what the summariser spent (charge it to the agent's budgets).
+
+        `keep`: a message that must survive verbatim (the current task); if it falls among
+        the summarised turns it is put back right after the summary.
+        """
         shortened = self._shorten_used_results(messages, pinned)
         if not self.over_budget(context_tokens(shortened)):
-            return shortened
-        return await self._summarise_older(shortened, pinned)
+            return Compacted(shortened, Usage())
+        compacted = await self._summarise_older(shortened, pinned)
+        if keep is not None and not any(m is keep for m in compacted.messages):
+            out = list(compacted.messages)
+            out.insert(min(pinned + 1, len(out)), keep)
+            compacted = Compacted(out, compacted.usage)
+        return compacted
 
     def _shorten_used_results(self, messages: list[ChatMessage], pinned: int) -> list[ChatMessage]:
         limit = self.used_result_chars
@@ -56,18 +71,19 @@ class Memory:
                 out[i] = m.model_copy(update={"content": m.content[:limit] + note})
         return out
 
-    async def _summarise_older(self, messages: list[ChatMessage], pinned: int) -> list[ChatMessage]:
+    async def _summarise_older(self, messages: list[ChatMessage], pinned: int) -> Compacted:
         cut = len(messages) - self.keep_recent
         while cut < len(messages) and messages[cut].role == "tool":
             cut += 1  # keep each tool result with the call it answers
         if cut <= pinned:
-            return messages
+            return Compacted(messages, Usage())
         older = messages[pinned:cut]
-        text = await self._summary(older)
+        text, usage = await self._summary(older)
         summary = ChatMessage(role="user", content=f"{SUMMARY_PREFIX} {text}")
-        return [*messages[:pinned], summary, *messages[cut:]]
+        return Compacted([*messages[:pinned], summary, *messages[cut:]], usage)
 
-    async def _summary(self, older: list[ChatMessage]) -> str:
+    async def _summary(self, older: list[ChatMessage]) -> tuple[str, Usage]:
+        spent = Usage()
         if self.summariser is not None:
             transcript = "\n".join(_line(m) for m in older)
             reply = await self.summariser.complete(
@@ -80,8 +96,9 @@ class Memory:
                 ],
                 [],
             )
+            spent = reply.usage
             if reply.text:
-                return reply.text
+                return reply.text, spent
         tools = Counter(c.name for m in older for c in m.tool_calls)
         earlier = [m.content for m in older if (m.content or "").startswith(SUMMARY_PREFIX)]
         notes = [m.content for m in older if m.role == "assistant" and m.content]
@@ -96,7 +113,15 @@ class Memory:
             parts.append("Before that: " + (earlier[-1] or "")[len(SUMMARY_PREFIX) :][:400].strip())
         if notes:
             parts.append(f"Last note: {notes[-1][:300]}")
-        return " ".join(parts)
+        return " ".join(parts), spent
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """A compacted conversation and what the summariser spent making it."""
+
+    messages: list[ChatMessage]
+    usage: Usage
 
 
 def _line(m: ChatMessage) -> str:

@@ -15,6 +15,9 @@ from teamrt.models.base import ChatMessage, Usage
 
 StopReason = Literal["answer", "limit", "malformed_reply", "model_error", "shutdown"]
 
+#: How many ids of handled inputs (tasks, messages) a state remembers, to drop redeliveries.
+HANDLED_MEMORY = 1024
+
 #: How many recent tool-call signatures and result digests the no-progress checks remember.
 #: Bounded, so that saving the state after a step costs the same at step 1,000 as at step 10.
 PROGRESS_MEMORY = 256
@@ -32,13 +35,31 @@ class Stop(BaseModel):
     used: float | None = None  # what had been used
 
 
+class OpenStep(BaseModel):
+    """A step whose model reply is recorded but whose tool calls have not all finished: what
+    a resumed run picks up (only the calls without a result run again)."""
+
+    reply: ChatMessage
+    results: dict[str, ChatMessage] = Field(default_factory=dict)  # call id -> its result
+
+
 class AgentState(BaseModel):
-    """Everything about a run that changes, in one serialisable place."""
+    """Everything about a run that changes, in one serialisable place.
+
+    With a persistent context (a teammate), one state carries the conversation across tasks:
+    `messages` keeps growing (kept within budget by memory) and the counters are per task.
+    """
 
     agent: str
     task: str
     messages: list[ChatMessage]
     pinned: int = 1  # leading messages (instructions, task) that memory never drops
+    task_id: str | None = None  # the id of the request (or round) this run serves
+    task_index: int | None = None  # where the current task's message is in `messages`
+    tasks: int = 1  # tasks (and rounds of mail) this conversation has served
+    idle: float = 0.0  # seconds spent in waiting tools (wait_for_messages) this task
+    handled: list[str] = Field(default_factory=list)  # ids of inputs already taken in
+    open_step: OpenStep | None = None
     steps: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -64,6 +85,14 @@ class AgentState(BaseModel):
         if len(counts) > PROGRESS_MEMORY:
             del counts[next(iter(counts))]
         return before
+
+    def remember_handled(self, ids: list[str]) -> None:
+        """Remember inputs (envelope ids) as taken in, so a redelivery is recognised."""
+        for id_ in ids:
+            if id_ not in self.handled:
+                self.handled.append(id_)
+        if len(self.handled) > HANDLED_MEMORY:
+            del self.handled[: len(self.handled) - HANDLED_MEMORY]
 
     def is_new_result(self, digest: str) -> bool:
         if digest in self.seen_results:
@@ -91,6 +120,8 @@ class RunReport(BaseModel):
     cost: float | None  # USD; None if the model has no price
     elapsed: float
     compactions: int
+    task_id: str | None = None
+    idle: float = 0.0  # seconds spent waiting for messages
 
     @property
     def ok(self) -> bool:

@@ -8,10 +8,15 @@
 Arguments are validated against the schema before the function runs, so it never sees bad
 input; a validation error, an exception raised by the tool, or an unknown tool name goes back to
 the model as data (`{"error": "Type: message"}`), never as a crash. Output is capped in size.
+
+Several calls in one model reply run concurrently unless a tool says `sequential=True`. A tool
+that must not repeat a side effect when a run is resumed after a crash uses `current_call_id()`
+as its idempotency key: a call that was in flight at a crash runs again with the same id.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import json
@@ -26,6 +31,20 @@ from teamrt.errors import UsageError
 from teamrt.models.base import ToolCall, ToolSpec
 
 DEFAULT_MAX_OUTPUT = 8000  # characters of a tool result the model gets to see
+
+_current_call: contextvars.ContextVar[ToolCall | None] = contextvars.ContextVar(
+    "teamrt_current_call", default=None
+)
+
+
+def current_call_id() -> str | None:
+    """The id of the tool call running now (None outside a tool).
+
+    Use it as an idempotency key for side effects: when a run resumes after a crash, a call
+    that was in flight runs again with the same id, and calls that had finished do not run.
+    """
+    call = _current_call.get()
+    return call.id if call is not None else None
 
 
 @dataclass(frozen=True)
@@ -59,6 +78,8 @@ class Tool:
     is_async: bool
     thread: bool = False
     max_output: int = DEFAULT_MAX_OUTPUT
+    sequential: bool = False  # never runs beside other calls of the same reply
+    waits: bool = False  # waits for others (wait_for_messages): idle time, not lack of progress
 
     @functools.cached_property
     def spec(self) -> ToolSpec:
@@ -111,6 +132,8 @@ def tool(
     description: str | None = None,
     thread: bool = False,
     max_output: int = DEFAULT_MAX_OUTPUT,
+    sequential: bool = False,
+    waits: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -122,11 +145,16 @@ def tool(
     description: str | None = None,
     thread: bool = False,
     max_output: int = DEFAULT_MAX_OUTPUT,
+    sequential: bool = False,
+    waits: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a function (sync or async) into a `Tool`. Use bare (`@tool`) or with options.
 
     `thread=True` runs a sync function in a worker thread (for blocking I/O); otherwise a sync
-    tool runs on the event loop and should be quick.
+    tool runs on the event loop and should be quick. `sequential=True` keeps the tool from
+    running beside other calls of the same model reply (calls before it finish first, calls
+    after it wait). `waits=True` marks a tool that waits for other agents: its time counts as
+    idle time (`Limits.max_idle`) and an empty answer is not a lack of progress.
     """
 
     def make(fn: Callable[..., Any]) -> Tool:
@@ -151,6 +179,8 @@ def tool(
             is_async=inspect.iscoroutinefunction(fn),
             thread=thread,
             max_output=max_output,
+            sequential=sequential,
+            waits=waits,
         )
 
     return make(fn) if fn is not None else make
@@ -188,7 +218,11 @@ class Toolbox:
         args = found.parse(call.arguments)
         if isinstance(args, ToolResult):
             return args
-        return await found.call(args)
+        token = _current_call.set(call)
+        try:
+            return await found.call(args)
+        finally:
+            _current_call.reset(token)
 
 
 ToolFunction = Callable[..., Any] | Callable[..., Awaitable[Any]]
