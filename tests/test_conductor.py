@@ -151,7 +151,7 @@ def builder(
             return "done, trust me"  # claims done without doing it
         return call("make", name=name)
 
-    return Teammate("builder", FunctionModel(brain), tools=[make])
+    return Teammate("builder", FunctionModel(brain), tools=[make], context="per_task")
 
 
 async def test_a_worker_that_claims_done_is_checked_not_believed(tmp_path: Path) -> None:
@@ -191,7 +191,7 @@ async def test_round_cap_escalates_and_the_humans_answer_continues_the_run(
         (tmp_path / name).write_text("made")
         return "made"
 
-    worker = Teammate("builder", FunctionModel(stubborn), tools=[make])
+    worker = Teammate("builder", FunctionModel(stubborn), tools=[make], context="per_task")
     async with (
         MemoryMailboxes(members=["human"]) as mail,
         Team(mail, [worker]) as team,
@@ -278,7 +278,7 @@ async def test_resume_after_the_conductor_dies(tmp_path: Path) -> None:
     with pytest.raises(BaseExceptionGroup):
         async with (
             FileMailboxes(tmp_path / "team") as mail,
-            Team(mail, [Teammate("w", FunctionModel(brain), tools=[make])]) as team,
+            Team(mail, [Teammate("w", FunctionModel(brain), tools=[make], context="per_task")]) as team,
         ):
             await Conductor(
                 team, "make a, b", plan=p, workdir=tmp_path, policy=POLICY, state_path=state_path
@@ -289,7 +289,7 @@ async def test_resume_after_the_conductor_dies(tmp_path: Path) -> None:
     asked.clear()
     async with (
         FileMailboxes(tmp_path / "team") as mail,
-        Team(mail, [Teammate("w", FunctionModel(brain), tools=[make])]) as team,
+        Team(mail, [Teammate("w", FunctionModel(brain), tools=[make], context="per_task")]) as team,
     ):
         state = await Conductor(
             team, "make a, b", plan=p, workdir=tmp_path, policy=POLICY, state_path=state_path
@@ -366,7 +366,7 @@ async def test_an_escalation_answered_with_teamrt_send(tmp_path: Path) -> None:
 
     async with (
         FileMailboxes(team_dir, members=["human"]) as mail,
-        Team(mail, [Teammate("w", FunctionModel(lazy))]) as team,
+        Team(mail, [Teammate("w", FunctionModel(lazy), context="per_task")]) as team,
         anyio.create_task_group() as tg,
     ):
         tg.start_soon(human, mail)

@@ -223,8 +223,10 @@ class Agent:
 
         An empty `task` adds no message: the inputs of the run come from `inbound` (a round of
         mail for a teammate)."""
-        if resume and self.journal is not None:
-            saved = self.journal.load()
+        if resume:
+            saved = self.state
+            if (saved is None or not _same_task(saved, task, task_id)) and self.journal:
+                saved = self.journal.load()
             if saved is not None and saved.stop is None and _same_task(saved, task, task_id):
                 return await self._drive(saved)
         state = self._begin(task, task_id)
@@ -256,22 +258,26 @@ class Agent:
         return self._report(self.state) if self.state and self.state.stop else None
 
     def _begin(self, task: str, task_id: str | None) -> AgentState:
-        previous = self.state if self.keep_context else None
+        last = self.state
+        handled = list(last.handled) if last is not None else []
+        if last is not None and last.task_id is not None:
+            handled.append(last.task_id)  # a redelivery of it is recognised, not run again
+        previous = last if self.keep_context else None
         if previous is None:
             messages = [ChatMessage.system(self.instructions)] if self.instructions else []
-            pinned, handled, tasks = len(messages), [], 1
+            pinned, tasks = len(messages), 1
             if self.transcript is not None:
                 self.transcript.reset()
         else:
             messages = _closed(previous)
-            pinned, handled, tasks = previous.pinned, previous.handled, previous.tasks + 1
+            pinned, tasks = previous.pinned, previous.tasks + 1
         index = None
         if task:
             index = len(messages)
             messages.append(ChatMessage.user(task))
             if previous is None:
                 pinned = len(messages)  # a one-task conversation pins its task
-        return AgentState(
+        state = AgentState(
             agent=self.name,
             task=task,
             task_id=task_id,
@@ -279,9 +285,10 @@ class Agent:
             tasks=tasks,
             messages=messages,
             pinned=pinned,
-            handled=list(handled),
             context_tokens=context_tokens(messages),
         )
+        state.remember_handled(handled)
+        return state
 
     # -- the loop --
 

@@ -4,11 +4,15 @@ The tools wrap the mailbox core for one agent (`me`): send a message, wait for t
 timeout that answers "nothing arrived" rather than failing), make a request and get the answer,
 reply to a request received earlier, and broadcast. Failures (an unknown recipient, a request
 that timed out or failed) raise, and so come back to the model as data like any tool error.
+
+Inside a team the teammate's desk owns the inbox: `wait_for_messages` then gets conversation mail
+only (tasks, shutdown requests and plan decisions are the runner's), acked once the agent's
+journal holds the step that showed it, and there is no `reply` tool (requests are tasks).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -33,8 +37,20 @@ def _view(envelope: Envelope) -> dict[str, Any]:
     return view
 
 
-def messaging_tools(mail: Mailboxes, me: str, *, default_timeout: float = 30.0) -> list[Tool]:
-    """The messaging tools for agent `me` on `mail`."""
+class LetterSource(Protocol):
+    """Where `wait_for_messages` gets mail when something else owns the inbox (a team's desk)."""
+
+    async def wait_for_letters(self, timeout: float, limit: int) -> list[Envelope]: ...
+
+
+def messaging_tools(
+    mail: Mailboxes,
+    me: str,
+    *,
+    default_timeout: float = 30.0,
+    desk: LetterSource | None = None,
+) -> list[Tool]:
+    """The messaging tools for agent `me` on `mail` (`desk`: see the module docstring)."""
     received: dict[str, Request] = {}  # requests handed to the model and not yet answered
 
     @tool
@@ -44,7 +60,16 @@ def messaging_tools(mail: Mailboxes, me: str, *, default_timeout: float = 30.0) 
         await mail.send(envelope)
         return f"sent message {envelope.id} to {to}"
 
-    @tool
+    @tool(name="wait_for_messages", waits=True)
+    async def wait_on_desk(timeout: float = default_timeout) -> dict[str, Any]:
+        """Wait up to `timeout` seconds for messages in your inbox and return them."""
+        assert desk is not None
+        got = await desk.wait_for_letters(max(0.0, timeout), MAX_BATCH)
+        if not got:
+            return {"nothing_arrived": f"no message arrived within {timeout:g}s"}
+        return {"messages": [_view(e) for e in got]}
+
+    @tool(waits=True)
     async def wait_for_messages(timeout: float = default_timeout) -> dict[str, Any]:
         """Wait up to `timeout` seconds for messages in your inbox and return them."""
         inbox = mail.inbox(me)
@@ -87,4 +112,6 @@ def messaging_tools(mail: Mailboxes, me: str, *, default_timeout: float = 30.0) 
         await mail.send(envelope)
         return f"broadcast {envelope.id}"
 
+    if desk is not None:
+        return [send_message, wait_on_desk, request, broadcast]
     return [send_message, wait_for_messages, request, reply, broadcast]

@@ -92,7 +92,8 @@ def builders(workdir: Path) -> list[Teammate]:
     def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
         if messages[-1].role == "tool":
             return f"done: {messages[-1].content}"
-        task = messages[0].content or ""
+        # the newest task: a builder keeps its context from one subtask to the next
+        task = next((m.content or "" for m in reversed(messages) if m.role == "user"), "")
         subtask = task.split(":", 1)[0].removeprefix("Subtask ").strip()
         path, source = SOURCES[subtask]
         if subtask == "mul" and "failed" not in task:

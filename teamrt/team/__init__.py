@@ -1,0 +1,73 @@
+"""Teams: named teammates, each a persistent agent in its own task, on shared mailboxes.
+
+- `team.py`: `Team`, the task group, supervision, the lead's inbox and pools;
+- `runner.py`: one incarnation of one teammate (its agent, the task protocol);
+- `desk.py`: a teammate's inbox sorted into tasks, a shutdown and conversation mail;
+- `protocol.py`: the envelope types and bodies; `config.py`: `Teammate`, `RestartPolicy`,
+  `TeamBudget`, `MemberStatus`.
+"""
+
+from teamrt.team.config import (
+    DEFAULT_WAKE_ON,
+    MailKind,
+    MemberState,
+    MemberStatus,
+    RestartPolicy,
+    TeamBudget,
+    Teammate,
+)
+from teamrt.team.protocol import (
+    BUSY,
+    CRASHED,
+    EXPIRED,
+    IDLE,
+    PLAN_APPROVAL,
+    PLAN_DECISION,
+    PROTOCOL_TYPES,
+    RESULT,
+    SHUTDOWN,
+    SHUTDOWN_ACK,
+    STALE_SHUTDOWN,
+    TASK,
+    TEAMMATE_CRASHED,
+    Approver,
+    CrashBody,
+    DecisionBody,
+    IdleBody,
+    PlanBody,
+    ShutdownBody,
+    TaskResult,
+)
+from teamrt.team.team import NOTICES_KEPT, Team
+
+__all__ = [
+    "BUSY",
+    "CRASHED",
+    "DEFAULT_WAKE_ON",
+    "EXPIRED",
+    "IDLE",
+    "NOTICES_KEPT",
+    "PLAN_APPROVAL",
+    "PLAN_DECISION",
+    "PROTOCOL_TYPES",
+    "RESULT",
+    "SHUTDOWN",
+    "SHUTDOWN_ACK",
+    "STALE_SHUTDOWN",
+    "TASK",
+    "TEAMMATE_CRASHED",
+    "Approver",
+    "CrashBody",
+    "DecisionBody",
+    "IdleBody",
+    "MailKind",
+    "MemberState",
+    "MemberStatus",
+    "PlanBody",
+    "RestartPolicy",
+    "ShutdownBody",
+    "TaskResult",
+    "Team",
+    "TeamBudget",
+    "Teammate",
+]

@@ -1,0 +1,231 @@
+"""A teammate's desk: its inbox, sorted into tasks, a shutdown, and conversation mail.
+
+Theory of operation. The desk is the only reader of a teammate's inbox. Whatever it reads it
+sorts at once: a shutdown request for this incarnation is taken (and acked), a stale one refused;
+a task is refused if its deadline has passed (`Expired`) or the queue is full (`Busy`), else it
+joins the task queue; everything else is conversation mail. Nothing it keeps is acked until it is
+safe: a task when its result is sent, mail when the agent's journal holds the step that showed it
+to the model. When an incarnation ends, whatever the desk still holds goes back to the inbox
+(`Inbox.release`), so the next incarnation sees it; a process that dies never acked it, so the
+next process reads it again from the committed cursor.
+
+Reading is bounded: at most `max_buffered` pieces of mail are held in memory (the rest stays in
+the log, and the model is told that more is waiting), and a long read yields to the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Collection
+
+import anyio
+import anyio.lowlevel
+
+from teamrt.envelopes import Envelope, Request
+from teamrt.errors import MailboxClosed, ReceiveTimeout, UsageError
+from teamrt.mail.mailboxes import Inbox, Mailboxes
+from teamrt.team.protocol import (
+    BUSY,
+    EXPIRED,
+    STALE_SHUTDOWN,
+    ShutdownBody,
+    is_shutdown,
+    is_task,
+)
+
+#: Envelopes read between two yields to the event loop.
+_YIELD_EVERY = 256
+#: Conversation mail held in memory at most; the rest waits in the log.
+DEFAULT_MAX_BUFFERED = 1000
+
+
+class Desk:
+    """Sorts one teammate's inbox for one incarnation. See the module docstring."""
+
+    def __init__(
+        self,
+        mail: Mailboxes,
+        me: str,
+        incarnation: str,
+        *,
+        max_queue: int,
+        wake_on: Collection[str],
+        seen: Callable[[str], bool] = lambda _id: False,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.mail, self.me, self.incarnation = mail, me, incarnation
+        self.inbox: Inbox = mail.inbox(me)
+        self.tasks: deque[Request] = deque()
+        self.letters: deque[Envelope] = deque()  # conversation mail not shown to the model yet
+        self.shutdown: Request | None = None
+        self.max_queue, self.wake_on, self.max_buffered = (
+            max_queue,
+            frozenset(wake_on),
+            max_buffered,
+        )
+        self._seen, self._clock = seen, clock
+        self._held: dict[str, Envelope] = {}  # everything kept and not acked, in arrival order
+        self._shown: list[Envelope] = []  # shown to the model, waiting for the journal
+        self._lock = anyio.Lock()
+        self.refused = 0  # tasks answered Busy or Expired
+
+    # -- reading --
+
+    @property
+    def full(self) -> bool:
+        """True when the desk holds as much mail as it may: the rest stays in the log."""
+        return len(self.letters) >= self.max_buffered
+
+    async def drain(self) -> None:
+        """Read and sort whatever is in the inbox now (up to the mail buffer's size)."""
+        async with self._lock:
+            read = 0
+            while not self.full:
+                try:
+                    envelope = self.inbox.receive_nowait()
+                except anyio.WouldBlock:
+                    return
+                await self._sort(envelope)
+                read += 1
+                if read % _YIELD_EVERY == 0:
+                    # a big backlog must not starve the other agents
+                    await anyio.lowlevel.checkpoint()
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Wait until something arrives and sort it (and what came with it); False if
+        `timeout` seconds passed first. Returns at once when the mail buffer is full."""
+        if self.full:
+            return True
+        async with self._lock:
+            try:
+                envelope = await self.inbox.receive(timeout=timeout)
+            except ReceiveTimeout:
+                return False
+            await self._sort(envelope)
+        await self.drain()
+        return True
+
+    async def wait_for_letters(self, timeout: float, limit: int) -> list[Envelope]:
+        """What `wait_for_messages` gets: conversation mail only, up to `limit`, waiting up to
+        `timeout` seconds. Returns early (empty) when a shutdown arrives."""
+        deadline = time.monotonic() + timeout
+        await self.drain()
+        while not self.letters and self.shutdown is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await self.wait(remaining):
+                break
+        return self.show(limit)
+
+    async def _sort(self, envelope: Envelope) -> None:
+        if self._seen(envelope.id):  # handled by an earlier incarnation, before its ack
+            self.inbox.ack_nowait(envelope)
+            return
+        if is_shutdown(envelope):
+            await self._take_shutdown(envelope)
+        elif is_task(envelope):
+            await self._take_task(envelope)
+        else:
+            self._held[envelope.id] = envelope
+            self.letters.append(envelope)
+
+    async def _take_shutdown(self, request: Request) -> None:
+        self.inbox.ack_nowait(request)
+        body = ShutdownBody.model_validate(request.body)
+        if body.incarnation in (None, self.incarnation):
+            self.shutdown = request
+            return
+        await self.mail.send(
+            Envelope.error(
+                request,
+                STALE_SHUTDOWN,
+                f"{self.me} is incarnation {self.incarnation}, not {body.incarnation}: ignored",
+            )
+        )
+
+    async def _take_task(self, request: Request) -> None:
+        if await self.refuse_if_expired(request):
+            return
+        if len(self.tasks) >= self.max_queue:
+            self.inbox.ack_nowait(request)
+            self.refused += 1
+            await self.mail.send(
+                Envelope.error(
+                    request,
+                    BUSY,
+                    f"{self.me} is busy: {len(self.tasks)} tasks are queued "
+                    f"(max_queue={self.max_queue}); ask again later or ask another member",
+                )
+            )
+            return
+        self._held[request.id] = request
+        self.tasks.append(request)
+
+    async def refuse_if_expired(self, request: Request) -> bool:
+        """Answer `Expired` (and ack) if the request's deadline has passed."""
+        deadline = request.deadline
+        if deadline is None or not math.isfinite(deadline) or deadline > self._clock():
+            return False
+        self.inbox.ack_nowait(request)
+        self._held.pop(request.id, None)
+        self.refused += 1
+        late = self._clock() - deadline
+        await self.mail.send(
+            Envelope.error(
+                request,
+                EXPIRED,
+                f"the request's deadline passed {late:.3f}s before {self.me} could start it: "
+                "not worked on",
+            )
+        )
+        return True
+
+    # -- what the model sees --
+
+    def wakes(self) -> bool:
+        """True if some held mail is of a kind that wakes an idle teammate."""
+        return any(e.kind in self.wake_on for e in self.letters)
+
+    def show(self, limit: int) -> list[Envelope]:
+        """Take up to `limit` pieces of mail to show the model; they are acked once the
+        journal holds the step that showed them (`recorded`)."""
+        batch = [self.letters.popleft() for _ in range(min(limit, len(self.letters)))]
+        self._shown.extend(batch)
+        return batch
+
+    def handled(self) -> list[str]:
+        return [e.id for e in self._shown]
+
+    def recorded(self) -> None:
+        """The journal holds what was shown: ack it."""
+        if self._shown:
+            shown, self._shown = self._shown, []
+            for envelope in shown:
+                self._held.pop(envelope.id, None)
+            self._ack(*shown)
+
+    def done(self, request: Request) -> None:
+        """A task is answered (or refused): ack it."""
+        self._held.pop(request.id, None)
+        self._ack(request)
+
+    def _ack(self, *envelopes: Envelope) -> None:
+        # closed: the process is going down, and unacked means delivered again, never lost
+        with contextlib.suppress(MailboxClosed):
+            self.inbox.ack_nowait(*envelopes)
+
+    # -- the end of an incarnation --
+
+    def release(self) -> None:
+        """Hand everything held and not acked back to the inbox, in arrival order."""
+        held, self._held = list(self._held.values()), {}
+        self.tasks.clear()
+        self.letters.clear()
+        self._shown.clear()
+        # closed: the next process reads them again from the committed cursor
+        if held:
+            with contextlib.suppress(MailboxClosed, UsageError):
+                self.inbox.release(*held)

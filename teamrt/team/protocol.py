@@ -1,0 +1,92 @@
+"""The team protocol: envelope types and bodies that teammates and the lead exchange.
+
+A task is any request that is not one of the protocol's own (a `shutdown_request`, a
+`plan_approval`): the teammate works on it and answers with a `task_result`. Errors travel as
+error responses whose `error` names what happened: `Expired` (the request's deadline passed before
+the teammate could start it), `Busy` (its queue is full), `TeammateCrashed`, `StaleShutdown`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeGuard
+
+from pydantic import BaseModel
+
+from teamrt.envelopes import Envelope, Request, register_payload
+
+TASK = "task"
+RESULT = "task_result"
+SHUTDOWN = "shutdown_request"
+SHUTDOWN_ACK = "shutdown_ack"
+IDLE = "idle"
+CRASHED = "teammate_crashed"
+PLAN_APPROVAL = "plan_approval"
+PLAN_DECISION = "plan_decision"
+PROTOCOL_TYPES = (SHUTDOWN,)  # delivered before anything else at a step boundary
+#: Requests that are not tasks: the runner answers them itself (or, for plans, the lead).
+CONTROL_TYPES = frozenset({SHUTDOWN, PLAN_APPROVAL})
+
+# error types of error responses
+EXPIRED = "Expired"
+BUSY = "Busy"
+TEAMMATE_CRASHED = "TeammateCrashed"
+STALE_SHUTDOWN = "StaleShutdown"
+
+
+class TaskResult(BaseModel):
+    """The body of a `result` response: the teammate's answer and how its run ended."""
+
+    answer: str | None
+    stop_reason: str
+    detail: str
+    steps: int
+    tool_calls: int
+    tokens: int
+    cost: float | None
+
+
+class ShutdownBody(BaseModel):
+    incarnation: str | None = None  # None: whichever incarnation is running
+    reason: str = ""
+
+
+class PlanBody(BaseModel):
+    plan: str
+    task: str  # the id of the task the plan is for
+
+
+class DecisionBody(BaseModel):
+    approved: bool
+    feedback: str = ""
+
+
+class IdleBody(BaseModel):
+    incarnation: str
+    last: TaskResult | None = None
+
+
+class CrashBody(BaseModel):
+    member: str
+    incarnation: str
+    error: str
+    restarting: bool
+
+
+register_payload(RESULT, TaskResult)
+register_payload(SHUTDOWN, ShutdownBody)
+register_payload(IDLE, IdleBody)
+register_payload(CRASHED, CrashBody)
+register_payload(PLAN_APPROVAL, PlanBody)
+register_payload(PLAN_DECISION, DecisionBody)
+
+#: Decides a plan: (member, plan) -> (approved, feedback). Runs in the lead's process.
+Approver = Callable[[str, str], Awaitable[tuple[bool, str]]]
+
+
+def is_shutdown(envelope: Envelope) -> TypeGuard[Request]:
+    return envelope.type == SHUTDOWN and isinstance(envelope, Request)
+
+
+def is_task(envelope: Envelope) -> TypeGuard[Request]:
+    return isinstance(envelope, Request) and envelope.type not in CONTROL_TYPES

@@ -1,0 +1,386 @@
+"""One incarnation of one teammate: its desk, its persistent agent, and the task protocol.
+
+Theory of operation. The runner announces its incarnation to the lead (`idle`), then serves: a
+task from the desk's queue is run by the teammate's agent (one per incarnation, whose
+conversation carries across tasks) and answered with a `task_result`; mail of a kind that wakes
+the teammate starts a round in which the model reads it; otherwise the runner waits on the desk at
+no CPU cost. At every step boundary the agent takes in what arrived meanwhile through the runner
+(`Inbound`): a shutdown ends the run there, new tasks are queued, and mail reaches the model in
+bounded batches. A task interrupted by a shutdown, a crash or a kill is not answered: the next
+incarnation finds it in its journal and resumes it from its last completed step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from teamrt.agents.delegate import delegate_tool
+from teamrt.agents.journal import Journal
+from teamrt.agents.loop import Agent
+from teamrt.agents.messaging import messaging_tools
+from teamrt.agents.state import AgentState, RunReport
+from teamrt.agents.tools import Tool, tool
+from teamrt.envelopes import Envelope, Request, new_id
+from teamrt.errors import StopRequested
+from teamrt.models.base import ChatMessage
+from teamrt.team.config import MemberStatus, Teammate
+from teamrt.team.desk import Desk
+from teamrt.team.protocol import (
+    PLAN_APPROVAL,
+    RESULT,
+    SHUTDOWN_ACK,
+    TEAMMATE_CRASHED,
+    CrashBody,
+    DecisionBody,
+    IdleBody,
+    PlanBody,
+    TaskResult,
+)
+
+if TYPE_CHECKING:
+    from teamrt.team.team import Team
+
+ROUND = "round:"  # task ids of rounds of mail start with this
+
+
+class Runner:
+    """One incarnation of one teammate. See the module docstring."""
+
+    def __init__(
+        self,
+        team: Team,
+        teammate: Teammate,
+        incarnation: str,
+        status: MemberStatus,
+        carried: AgentState | None,
+        attempts: dict[str, int],
+    ) -> None:
+        self.team, self.teammate, self.incarnation, self.status = (
+            team,
+            teammate,
+            incarnation,
+            status,
+        )
+        self.name = teammate.name
+        self.mail = team.mail
+        self.attempts = attempts  # crashes per task id, across incarnations
+        self.journal_path = (
+            team.agent_dir / f"{self.name}.state.jsonl" if team.agent_dir is not None else None
+        )
+        self.state = self._restore(carried)
+        self._seen = set(self.state.handled) if self.state is not None else set()
+        self.desk = Desk(
+            self.mail,
+            self.name,
+            incarnation,
+            max_queue=teammate.max_queue,
+            wake_on=teammate.wake_on,
+            seen=self._seen.__contains__,
+        )
+        self.agent: Agent | None = None
+        self.current: Request | None = None
+        self._approved = False
+        self._last: TaskResult | None = None
+
+    def _restore(self, carried: AgentState | None) -> AgentState | None:
+        if self.journal_path is not None:
+            return Journal(self.journal_path).load()
+        return carried  # no journal: the state the last incarnation in this process left
+
+    # -- serving --
+
+    async def serve(self, ready: Callable[[], None] = lambda: None) -> None:
+        """Serve until a shutdown for this incarnation; `ready` is called once announced."""
+        await self.desk.drain()
+        interrupted = self._interrupted()
+        if interrupted is not None and not interrupted.startswith(ROUND):
+            self._to_front(interrupted)
+        await self._announce()
+        ready()
+        resume_round = interrupted is not None and interrupted.startswith(ROUND)
+        while self.desk.shutdown is None:
+            self.status.queued = len(self.desk.tasks)
+            if self.desk.tasks:
+                await self._work(self.desk.tasks.popleft())
+            elif resume_round or self.desk.wakes() or self.desk.full:
+                await self._round(resume=resume_round)
+                resume_round = False
+            else:
+                if self.status.state != "idle":
+                    await self._announce()
+                await self.desk.wait()
+        await self.mail.send(
+            Envelope.response(
+                self.desk.shutdown, {"incarnation": self.incarnation}, type=SHUTDOWN_ACK
+            )
+        )
+
+    def _interrupted(self) -> str | None:
+        state = self.state
+        if state is None or state.stop is not None or state.task_id is None:
+            return None
+        return state.task_id
+
+    def _to_front(self, task_id: str) -> None:
+        tasks = self.desk.tasks
+        for request in tasks:
+            if request.id == task_id:
+                tasks.remove(request)
+                tasks.appendleft(request)
+                return
+
+    async def _work(self, request: Request) -> None:
+        if await self.desk.refuse_if_expired(request):
+            return
+        self.current = request
+        self.status.state = "working"
+        self.status.last = f"task {request.id} from {request.sender}"
+        agent = self._agent()
+        text = request.body if isinstance(request.body, str) else json.dumps(request.body)
+        state = agent.state
+        if state is not None and state.task_id == request.id and state.stop is not None:
+            report = agent.report()  # finished before a crash, unanswered: answer it now
+            assert report is not None
+        else:
+            if state is None or state.task_id != request.id:
+                self._approved = False  # a new task needs its own plan
+            report = await agent.run(text, task_id=request.id, resume=True)
+        if report.stop.reason == "shutdown":
+            return  # interrupted: it stays unacked, and the next incarnation resumes it
+        result = _result(report)
+        await self.mail.send(Envelope.response(request, result, type=RESULT))
+        self.desk.done(request)
+        self.current = None
+        self.status.tasks_done += 1
+        self._last = result
+
+    async def _round(self, *, resume: bool) -> None:
+        """A round of mail: the model reads what arrived and acts on it; no one awaits an
+        answer (it goes to the lead with the next idle notice)."""
+        self.status.state = "working"
+        self.status.last = "reading mail"
+        agent = self._agent()
+        state = agent.state
+        if resume and state is not None and state.task_id is not None:
+            report = await agent.run("", task_id=state.task_id, resume=True)
+        else:
+            report = await agent.run("", task_id=ROUND + new_id())
+        if report.stop.reason != "shutdown":
+            self._last = _result(report)
+            self.status.rounds += 1
+
+    async def _announce(self) -> None:
+        self.status.state = "idle"
+        last, self._last = self._last, None
+        await self.mail.send(
+            Envelope.message(
+                self.name, self.team.lead, IdleBody(incarnation=self.incarnation, last=last)
+            )
+        )
+
+    # -- the agent's inputs between steps (teamrt.agents.loop.Inbound) --
+
+    async def before_step(self, state: AgentState) -> list[ChatMessage]:
+        self.status.step = state.steps
+        await self.desk.drain()
+        self.status.queued = len(self.desk.tasks)
+        if self.desk.shutdown is not None:
+            raise StopRequested(f"shutdown requested by {self.desk.shutdown.sender}")
+        more_unread = self.desk.full
+        batch = self.desk.show(self.teammate.mail_batch)
+        if not batch:
+            return []
+        return [ChatMessage.user(_render(batch, len(self.desk.letters), more_unread))]
+
+    def handled(self) -> list[str]:
+        return self.desk.handled()
+
+    def recorded(self) -> None:
+        self.desk.recorded()
+
+    # -- building the agent, once per incarnation --
+
+    def _agent(self) -> Agent:
+        if self.agent is not None:
+            return self.agent
+        teammate = self.teammate
+        model = teammate.make_model()
+        tools: list[Tool | Callable[..., Any]] = [
+            *teammate.tools,
+            *messaging_tools(self.mail, self.name, desk=self.desk),
+        ]
+        if teammate.delegate:
+            tools.append(
+                delegate_tool(
+                    teammate.make_model,
+                    tools=teammate.tools,
+                    limits=teammate.limits,
+                    budget=self.team.budget,
+                    prices=teammate.prices,
+                    owner=self.name,
+                )
+            )
+        if teammate.needs_approval:
+            tools = self._gated(tools)
+        self.agent = Agent(
+            self.name,
+            model,
+            instructions=teammate.instructions,
+            tools=tools,
+            limits=teammate.limits,
+            memory=teammate.memory,
+            prices=teammate.prices,
+            budget=self.team.budget,
+            checkpoint=self.journal_path,
+            transcript=self.team.agent_dir / f"{self.name}.transcript.jsonl"
+            if self.team.agent_dir is not None
+            else None,
+            inbound=self,
+            keep_context=teammate.context == "persistent",
+        )
+        self.agent.restore(self.state)
+        return self.agent
+
+    def _gated(self, tools: list[Tool | Callable[..., Any]]) -> list[Tool | Callable[..., Any]]:
+        """Block the side-effecting tools until the lead approves a plan for this task."""
+        gated = set(self.teammate.needs_approval)
+
+        def guard(inner: Tool) -> Tool:
+            async def guarded(**kwargs: Any) -> Any:
+                if not self._approved:
+                    raise PermissionError(
+                        f"{inner.name} needs an approved plan: call submit_plan first"
+                    )
+                if inner.is_async:
+                    return await inner.fn(**kwargs)
+                if inner.thread:
+                    return await anyio.to_thread.run_sync(lambda: inner.fn(**kwargs))
+                return inner.fn(**kwargs)
+
+            return dataclasses.replace(inner, fn=guarded, is_async=True)
+
+        async def submit_plan(plan: str) -> str:
+            """Send your plan to the lead for approval; side-effecting tools wait for it."""
+            task = self.current.id if self.current is not None else ""
+            decision = await self.mail.request(
+                Envelope.request(
+                    self.name,
+                    self.team.lead,
+                    PlanBody(plan=plan, task=task),
+                    type=PLAN_APPROVAL,
+                    timeout=300,
+                )
+            )
+            body = DecisionBody.model_validate(decision.body)
+            self._approved = body.approved
+            verdict = "approved" if body.approved else "rejected"
+            return f"plan {verdict}" + (f": {body.feedback}" if body.feedback else "")
+
+        out: list[Tool | Callable[..., Any]] = [
+            guard(t if isinstance(t, Tool) else tool(t)) if _tool_name(t) in gated else t
+            for t in tools
+        ]
+        out.append(tool(sequential=True)(submit_plan))
+        return out
+
+    # -- the end of an incarnation --
+
+    async def report_crash(self, exc: Exception, restarting: bool) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        self.status.last = f"crashed: {error}"
+        with anyio.CancelScope(shield=True):
+            current = self.current
+            if current is not None:
+                tries = self.attempts[current.id] = self.attempts.get(current.id, 0) + 1
+                if not restarting or tries >= self.teammate.restart.task_attempts:
+                    why = "" if not restarting else f" (task tried {tries} times)"
+                    await self.mail.send(
+                        Envelope.error(
+                            current, TEAMMATE_CRASHED, f"{self.name} crashed: {error}{why}"
+                        )
+                    )
+                    self.desk.done(current)
+                    self.current = None
+                    self._forget(current.id)
+                # else: it stays held, and the next incarnation resumes it
+            await self.mail.send(
+                Envelope.message(
+                    self.name,
+                    self.team.lead,
+                    CrashBody(
+                        member=self.name,
+                        incarnation=self.incarnation,
+                        error=error,
+                        restarting=restarting,
+                    ),
+                )
+            )
+            if not restarting:  # nobody will serve what is queued: fail it now
+                await self.desk.drain()
+                while self.desk.tasks:
+                    queued = self.desk.tasks.popleft()
+                    await self.mail.send(
+                        Envelope.error(
+                            queued, TEAMMATE_CRASHED, f"{self.name} crashed and will not restart"
+                        )
+                    )
+                    self.desk.done(queued)
+
+    def _forget(self, task_id: str) -> None:
+        """A task given up on: a later incarnation must not resume it."""
+        agent_state = self.agent.state if self.agent is not None else self.state
+        if agent_state is not None and agent_state.task_id == task_id and agent_state.stop is None:
+            agent_state.remember_handled([task_id])
+            agent_state.task_id = None
+
+    def final_state(self) -> AgentState | None:
+        return self.agent.state if self.agent is not None else self.state
+
+    async def close(self) -> None:
+        """Hand back what is held, and close the model's client if it has one."""
+        self.desk.release()
+        model = self.agent.model if self.agent is not None else None
+        close = getattr(model, "aclose", None)
+        if close is not None:
+            with anyio.CancelScope(shield=True):
+                await close()
+
+
+def _render(batch: list[Envelope], waiting: int, more_unread: bool) -> str:
+    lines = []
+    for envelope in batch:
+        head = f"[{envelope.kind} {envelope.id} from {envelope.sender}"
+        if envelope.type not in ("text", "result"):
+            head += f", type {envelope.type}"
+        if envelope.in_reply_to:
+            head += f", in reply to {envelope.in_reply_to}"
+        body = envelope.body if isinstance(envelope.body, str) else json.dumps(envelope.body)
+        lines.append(f"{head}] {body}")
+    if waiting or more_unread:
+        count = f"{waiting}{' or more' if more_unread else ''}"
+        lines.append(
+            f"({count} more messages are waiting in your inbox: they reach you at your next "
+            "steps, or call wait_for_messages)"
+        )
+    return "\n".join(lines)
+
+
+def _tool_name(item: Tool | Callable[..., Any]) -> str:
+    return item.name if isinstance(item, Tool) else getattr(item, "__name__", "")
+
+
+def _result(report: RunReport) -> TaskResult:
+    return TaskResult(
+        answer=report.answer if report.answer is not None else report.partial,
+        stop_reason=report.stop.reason,
+        detail=report.stop.detail,
+        steps=report.steps,
+        tool_calls=report.tool_calls,
+        tokens=report.usage.total_tokens,
+        cost=report.cost,
+    )

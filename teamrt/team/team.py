@@ -1,0 +1,306 @@
+"""Teams: named teammates, each running its own agent loop as a task in one task group.
+
+Theory of operation. A `Team` owns the only task group that runs teammates (this module is the
+only place one is opened). Each teammate gets a supervisor task, which takes the member's lease
+(one live incarnation per name, across processes) and runs one incarnation at a time (a
+`Runner`): it serves tasks, wakes for mail, and follows the shutdown protocol. A teammate that
+crashes reports it to the lead and is restarted if its policy says so; the next incarnation
+takes up the conversation and resumes the interrupted task from its journal. The lead's inbox is
+served here too: idle and crash notices are acked as they come (so a long-lived lead stays flat),
+and plans are put to the approver. A role can be a pool of replicas; `ask` picks the least busy.
+
+Everything between teammates goes through the mailboxes; nothing here shares an agent's context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from teamrt.agents.state import AgentState
+from teamrt.envelopes import Envelope, Request, new_id
+from teamrt.errors import TeammateGone, UsageError
+from teamrt.mail.mailboxes import Mailboxes
+from teamrt.team.config import MemberStatus, TeamBudget, Teammate
+from teamrt.team.protocol import (
+    PLAN_APPROVAL,
+    PLAN_DECISION,
+    SHUTDOWN,
+    TASK,
+    Approver,
+    DecisionBody,
+    PlanBody,
+    ShutdownBody,
+    TaskResult,
+)
+from teamrt.team.runner import Runner
+
+#: Notices (idle, crash, late answers) the lead keeps for inspection; older ones are dropped.
+NOTICES_KEPT = 1000
+
+
+class Team:
+    """Teammates on shared mailboxes. An async context manager: start, work, shut down.
+
+        async with FileMailboxes("mailboxes/demo") as mail:
+            async with Team(mail, [researcher, writer]) as team:
+                result = await team.ask("researcher", "What is inotify?")
+
+    `lead` is the member that asks and receives idle and crash notices (the code using the
+    team); they are kept in `notices` (the most recent `NOTICES_KEPT`). `agent_dir` keeps each
+    teammate's checkpoint journal and transcript. `remote` names members that run in other
+    processes on the same team directory (`teamrt run-agent`): the team asks them like any
+    member and sends them a shutdown request when it shuts down.
+    """
+
+    def __init__(
+        self,
+        mail: Mailboxes,
+        teammates: Iterable[Teammate],
+        *,
+        lead: str = "lead",
+        budget: TeamBudget | None = None,
+        agent_dir: str | os.PathLike[str] | None = None,
+        shutdown_deadline: float = 5.0,
+        remote: Iterable[str] = (),
+        approver: Approver | None = None,
+    ) -> None:
+        self.mail = mail
+        self.teammates: dict[str, Teammate] = {}
+        self.pools: dict[str, tuple[str, ...]] = {}  # role -> its replicas' member names
+        for teammate in teammates:
+            members = [teammate]
+            if teammate.replicas > 1:
+                members = [
+                    dataclasses.replace(teammate, name=f"{teammate.name}-{i}", replicas=1)
+                    for i in range(1, teammate.replicas + 1)
+                ]
+                self.pools[teammate.name] = tuple(m.name for m in members)
+            for member in members:
+                if member.name in self.teammates:
+                    raise UsageError(f"two teammates are named {member.name!r}")
+                self.teammates[member.name] = member
+        if lead in self.teammates:
+            raise UsageError(f"the lead {lead!r} cannot also be a teammate")
+        self.lead = lead
+        self.budget = budget
+        self.agent_dir = Path(agent_dir) if agent_dir is not None else None
+        self.shutdown_deadline = shutdown_deadline
+        self.remote = tuple(remote)  # members run by other processes (`teamrt run-agent`)
+        self.approver = approver
+        self.status: dict[str, MemberStatus] = {n: MemberStatus(n) for n in self.teammates}
+        self.notices: deque[Envelope] = deque(maxlen=NOTICES_KEPT)
+        self._in_flight: dict[str, int] = {}
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._running = 0
+        self._all_done = anyio.Event()
+        self._task_group: TaskGroup | None = None
+        self._serving_lead = False
+
+    async def __aenter__(self) -> Self:
+        for name in (self.lead, *self.teammates, *self.remote):
+            await self.mail.add_member(name)
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        try:
+            if self.approver is not None:
+                self._serve_lead()
+            for teammate in self.teammates.values():
+                await task_group.start(self._supervise, teammate)
+        except BaseException:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
+            self._task_group = None
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._task_group is None:
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.shutdown()
+        finally:
+            task_group, self._task_group = self._task_group, None
+            task_group.cancel_scope.cancel()  # teammates are down; this ends the lead's server
+            # only the team's own tasks run in it: the body's exception propagates as is
+            await task_group.__aexit__(None, None, None)
+
+    # -- asking --
+
+    async def ask(self, member: str, text: str, *, timeout: float | None = None) -> TaskResult:
+        """Give `member` a task (from the lead) and wait for its result.
+
+        `member` may name a pool (`Teammate(..., replicas=N)`): the task goes to its least busy
+        replica. Raises `RemoteError` with `error_type` `Busy` (the member's queue is full) or
+        `Expired` (the deadline passed before it could start), `RequestTimeout`, or
+        `TeammateGone` for a member that crashed for good.
+        """
+        member = self._pick(member)
+        status = self.status.get(member)
+        if status is not None and status.state == "crashed":
+            raise TeammateGone(f"{member!r} crashed and is not running: {status.last}")
+        self._serve_lead()
+        request = Envelope.request(self.lead, member, text, type=TASK, timeout=timeout)
+        self._in_flight[member] = self._in_flight.get(member, 0) + 1
+        try:
+            response = await self.mail.request(request, timeout=timeout)
+        finally:
+            self._in_flight[member] -= 1
+        return TaskResult.model_validate(response.body)
+
+    def _pick(self, role: str) -> str:
+        """The member to ask: `role` itself, or the least busy live replica of its pool."""
+        members = self.pools.get(role)
+        if members is None:
+            return role
+        live = [m for m in members if self.status[m].state != "crashed"] or list(members)
+
+        def load(member: str) -> tuple[int, int]:
+            status = self.status[member]
+            return (self._in_flight.get(member, 0), status.state != "idle")
+
+        return min(live, key=load)
+
+    # -- the lead's inbox --
+
+    def _serve_lead(self) -> None:
+        """Start serving the lead's inbox (once): from the first `ask`, or from the start when
+        there is an approver. A team whose lead runs elsewhere never consumes its inbox."""
+        if self._serving_lead or self._task_group is None:
+            return
+        self._serving_lead = True
+        self._task_group.start_soon(self._lead_inbox)
+
+    async def _lead_inbox(self) -> None:
+        inbox = self.mail.inbox(self.lead)
+        while True:
+            envelope = await inbox.receive()  # answers to `ask` are routed before this
+            try:
+                if envelope.type == PLAN_APPROVAL and isinstance(envelope, Request):
+                    await self._decide(envelope)
+                else:
+                    self.notices.append(envelope)
+            finally:
+                inbox.ack_nowait(envelope)
+
+    async def _decide(self, request: Request) -> None:
+        """The lead's side of the approval gate: put the plan to the approver."""
+        if self.approver is None:
+            approved, feedback = False, "the lead has no approver: no plan can be approved"
+        else:
+            plan = PlanBody.model_validate(request.body)
+            try:
+                approved, feedback = await self.approver(request.sender, plan.plan)
+            except Exception as exc:  # the approver's bug must not take the team down
+                approved, feedback = False, f"the approver failed: {type(exc).__name__}: {exc}"
+        await self.mail.send(
+            Envelope.response(
+                request, DecisionBody(approved=approved, feedback=feedback), type=PLAN_DECISION
+            )
+        )
+
+    # -- shutting down --
+
+    async def shutdown(self, deadline: float | None = None) -> None:
+        """Ask every running teammate to stop after its current step; cancel any still running
+        when the deadline passes. Never waits longer than the deadline."""
+        deadline = self.shutdown_deadline if deadline is None else deadline
+        for name in self.remote:
+            await self.mail.send(
+                Envelope.request(
+                    self.lead,
+                    name,
+                    ShutdownBody(reason="team shutdown"),
+                    type=SHUTDOWN,
+                    timeout=deadline,
+                )
+            )
+        running = [s for s in self.status.values() if s.state not in ("stopped", "crashed")]
+        for status in running:
+            body = ShutdownBody(incarnation=status.incarnation or None, reason="team shutdown")
+            await self.mail.send(
+                Envelope.request(self.lead, status.name, body, type=SHUTDOWN, timeout=deadline)
+            )
+        if self._running:
+            with anyio.move_on_after(deadline):
+                await self._all_done.wait()
+        for name, scope in list(self._scopes.items()):
+            if self.status[name].state not in ("stopped", "crashed"):
+                self.status[name].last = "cancelled at the shutdown deadline"
+                scope.cancel()
+
+    async def wait(self) -> None:
+        """Return once every teammate of this team has stopped (or crashed for good)."""
+        if self._running:
+            await self._all_done.wait()
+
+    # -- one teammate's life --
+
+    async def _supervise(self, teammate: Teammate, *, task_status: TaskStatus[None]) -> None:
+        self._running += 1
+        try:
+            await self._life(teammate, task_status)
+        finally:
+            self._running -= 1
+            if self._running == 0:
+                self._all_done.set()
+
+    async def _life(self, teammate: Teammate, task_status: TaskStatus[None]) -> None:
+        status = self.status[teammate.name]
+        policy = teammate.restart
+        started = False
+        carried: AgentState | None = None  # the conversation, when there is no journal
+        attempts: dict[str, int] = {}
+
+        def ready() -> None:  # the team starts once each teammate announced itself (or died)
+            nonlocal started
+            if not started:
+                task_status.started()
+                started = True
+
+        with anyio.CancelScope() as scope:
+            self._scopes[teammate.name] = scope
+            while True:
+                incarnation = new_id()
+                status.incarnation = incarnation
+                lease = self.mail.store.acquire_lease(
+                    teammate.name, f"pid {os.getpid()}, incarnation {incarnation}"
+                )
+                runner: Runner | None = None
+                try:
+                    runner = Runner(self, teammate, incarnation, status, carried, attempts)
+                    try:
+                        await runner.serve(ready)
+                        status.state = "stopped"
+                        return
+                    except Exception as exc:  # a crash: reported below, never swallowed
+                        restarting = policy.on_failure and status.restarts < policy.max_restarts
+                        await runner.report_crash(exc, restarting)
+                        status.state = "restarting" if restarting else "crashed"
+                        if not restarting:
+                            ready()
+                            return
+                finally:
+                    if runner is not None:
+                        carried = runner.final_state()
+                        await runner.close()
+                    lease.release()
+                await anyio.sleep(policy.delay(status.restarts))
+                status.restarts += 1
+        if status.state not in ("stopped", "crashed"):
+            status.state = "stopped"
