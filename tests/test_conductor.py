@@ -278,7 +278,9 @@ async def test_resume_after_the_conductor_dies(tmp_path: Path) -> None:
     with pytest.raises(BaseExceptionGroup):
         async with (
             FileMailboxes(tmp_path / "team") as mail,
-            Team(mail, [Teammate("w", FunctionModel(brain), tools=[make], context="per_task")]) as team,
+            Team(
+                mail, [Teammate("w", FunctionModel(brain), tools=[make], context="per_task")]
+            ) as team,
         ):
             await Conductor(
                 team, "make a, b", plan=p, workdir=tmp_path, policy=POLICY, state_path=state_path
