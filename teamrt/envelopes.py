@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import itertools
+import json
 import os
 import time
 from typing import Annotated, Any, ClassVar, Literal, TypeAlias, TypeVar
@@ -105,6 +106,20 @@ def validate_body(type_name: str, body: Any) -> None:
         ) from None
 
 
+def _refuse_constant(name: str) -> Any:
+    raise InvalidEnvelope(
+        f"the body holds {name}, which JSON cannot carry (it would arrive as null or not at "
+        "all); send a finite number, a string or null instead; nothing was sent"
+    )
+
+
+def check_finite(encoded: bytes) -> None:
+    """Raise `InvalidEnvelope` if an encoded envelope holds NaN or Infinity (which pydantic
+    writes as bare constants). The exact check runs only when the bytes hint at one."""
+    if b"NaN" in encoded or b"Infinity" in encoded:
+        json.loads(b"{" + encoded, parse_constant=_refuse_constant)
+
+
 E = TypeVar("E", bound="Envelope")
 
 
@@ -153,7 +168,9 @@ register_payload(ERROR_TYPE, ErrorBody)
 class Envelope(BaseModel):
     """Fields shared by every kind. Field order is the order on disk; `body` comes last."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    # NaN and Infinity are written as JSON-invalid constants (never as null), so that
+    # `check_finite` can refuse them before anything is sent
+    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="constants")
 
     seq: int | None = None
     team: str | None = None
@@ -165,8 +182,8 @@ class Envelope(BaseModel):
     recipient: str
     in_reply_to: str | None = None
     trace_id: str | None = None
-    ts: float = Field(default_factory=time.time)
-    deadline: float | None = None
+    ts: float = Field(default_factory=time.time, allow_inf_nan=False)
+    deadline: float | None = Field(default=None, allow_inf_nan=False)
     body: Any = None
 
     # -- one-line constructors --
@@ -260,7 +277,15 @@ class Envelope(BaseModel):
         chosen = model or _payloads.get(self.type)
         if chosen is None:
             raise UsageError(f"no payload model is registered for type {self.type!r}")
-        return chosen.model_validate(self.body)  # type: ignore[return-value]
+        try:
+            return chosen.model_validate(self.body)  # type: ignore[return-value]
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"]) or "body"
+            raise PayloadError(
+                f"body of envelope {self.id} ({self.type!r} from {self.sender}) does not match "
+                f"{chosen.__qualname__}: {where}: {first['msg']}"
+            ) from None
 
 
 class Message(Envelope):

@@ -16,7 +16,10 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     ├── TeammateGone                         asked a teammate that crashed and did not restart
     ├── StoreError(OSError)                  the disk refused: nothing was half-written
     │   ├── DiskFull                         ENOSPC/EFBIG; the inbox was rolled back
-    │   └── DurabilityError                  fsync failed: the send is NOT acknowledged
+    │   ├── DurabilityError                  fsync failed: the send is NOT acknowledged
+    │   ├── UnsafeDirectory                  a team directory another user could prepare or write
+    │   ├── StoreCorrupt                     an inbox's files disagree: run `teamrt repair`
+    │   └── PartialBroadcast                 a broadcast reached some members, not all (named)
     ├── ReceiveTimeout(TimeoutError)         nothing arrived in an inbox in time
     ├── RequestTimeout(TimeoutError)         a peer did not answer before the deadline
     ├── RemoteError                          a peer answered with an error response
@@ -160,3 +163,25 @@ class RemoteError(TeamrtError):
         self.error_type = error_type
         self.remote_message = message
         self.response = response
+
+
+class UnsafeDirectory(StoreError):
+    """A team directory (or one of its subdirectories) that another user could have prepared
+    or can write: a symlink, someone else's, or writable by group or others."""
+
+
+class StoreCorrupt(StoreError):
+    """An inbox's files do not agree (a log truncated or replaced under its cursor, a missing
+    log, segments out of order). The message names the file, what was found and the
+    `teamrt repair` command that brings the inbox back."""
+
+
+class PartialBroadcast(StoreError):
+    """A broadcast reached some members but not all; `delivered` and `undelivered` name them."""
+
+    def __init__(
+        self, message: str, delivered: tuple[str, ...], undelivered: tuple[str, ...]
+    ) -> None:
+        super().__init__(0, message)
+        self.delivered = delivered
+        self.undelivered = undelivered

@@ -107,7 +107,7 @@ async def test_writer_torn_mid_append_loses_nothing_else(tmp_path: Path) -> None
         "8000",
         str(acks),
         "0",
-        env={"TEAMRT_FAULT": "torn-append:5000:3"},
+        env={"TEAMRT_TEST_FAULT": "torn-append:5000:3"},
     )
     (tmp_path / "go").touch()
     _finish(proc, -signal.SIGKILL)

@@ -65,6 +65,16 @@ class Inotify:
         self._by_wd[wd] = (label, on_event)
         return int(wd)
 
+    def rm_watch(self, wd: int) -> None:
+        """Stop watching `wd` (the kernel then sends IN_IGNORED for it, which is dropped)."""
+        assert _libc is not None
+        self._by_wd.pop(wd, None)
+        _libc.inotify_rm_watch(self.fd, wd)  # fails only if the watch is already gone
+
+    def count(self) -> int:
+        """Watches held now."""
+        return len(self._by_wd)
+
     def read_events(self, on_overflow: Callable[[], None]) -> None:
         """Drain pending events and dispatch them. Never blocks."""
         try:

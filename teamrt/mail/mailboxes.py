@@ -26,11 +26,21 @@ from typing import Any, Self
 import anyio
 from anyio import WouldBlock
 from anyio.abc import TaskGroup
+from pydantic import ValidationError
 
-from teamrt.envelopes import Broadcast, Envelope, ErrorBody, Request, Response, validate_body
+from teamrt.envelopes import (
+    Broadcast,
+    Envelope,
+    ErrorBody,
+    Request,
+    Response,
+    check_finite,
+    validate_body,
+)
 from teamrt.errors import (
     EnvelopeTooLarge,
     MailboxClosed,
+    PartialBroadcast,
     ReceiveTimeout,
     RemoteError,
     RequestTimeout,
@@ -47,7 +57,8 @@ from teamrt.mail.log import (
     encode,
 )
 from teamrt.mail.memory import MemoryStore
-from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Store
+from teamrt.mail.signing import Signer, team_key
+from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Lease, Store
 
 DEFAULT_RESCAN_INTERVAL = 1.0
 #: How long background cursor commits (ack_nowait, routed responses) wait to batch acks.
@@ -88,12 +99,14 @@ class InboxStatistics:
     duplicates_dropped: int  # envelopes with an id already handled
     duplicate_responses: int  # second answers to an already answered request
     late_responses: int  # answers that arrived after their request timed out
+    rejected_responses: int = 0  # answers to a pending request from someone it did not ask
 
 
 class _Reply:
-    __slots__ = ("response",)
+    __slots__ = ("expected", "response")
 
-    def __init__(self) -> None:
+    def __init__(self, expected: str) -> None:
+        self.expected = expected  # the member that was asked
         self.response: Response | None = None
 
 
@@ -108,11 +121,27 @@ class Inbox:
     def __init__(self, mailboxes: Mailboxes, name: str) -> None:
         self.name = name
         self._mailboxes = mailboxes
-        store = mailboxes.store
-        self._reader = store.reader(name)
-        cursor = self._reader.load_cursor()
-        self._reader.seek(cursor)
+        self._store = store = mailboxes.store
+        # one consumer per inbox: this process's lease on the member, shared with a Team of
+        # this process that already holds it (then re-taken if that Team lets it go)
+        self._lease: Lease | None = None
+        if not store.lease_held(name):
+            self._lease = store.acquire_lease(name, self._holder())
+        try:
+            self._reader = store.reader(name)
+            try:
+                cursor = self._reader.load_cursor()
+                self._reader.seek(cursor)
+            except BaseException:
+                self._reader.close()
+                raise
+        except BaseException:
+            if self._lease is not None:
+                self._lease.release()
+            raise
         self._tracker = AckTracker(cursor)
+        self._team = store.team
+        self._signer = mailboxes._signer
         self._ready: deque[Envelope] = deque()  # decoded by _pump(), not yet received
         self._frames: deque[Frame] = deque()  # read, not yet decoded
         self._segment = cursor.segment  # the segment the frames come from
@@ -122,14 +151,33 @@ class Inbox:
         self._answered = _BoundedSet(_REMEMBERED_REQUESTS)
         self._timed_out = _BoundedSet(_REMEMBERED_REQUESTS)
         self._quarantined = self._duplicates = self._duplicate_responses = self._late = 0
+        self._rejected = 0
         self._closed = False
         self._commits = GroupCommit(self._commit)
         store.watch_inbox(name)
 
     # -- receiving --
 
+    def _holder(self) -> str:
+        return f"pid {os.getpid()}, inbox of {self.name}"
+
+    def _check_lease(self) -> None:
+        """Re-take the member's lease if the holder this inbox shared it with let it go (a
+        Team between two incarnations); reload from the committed cursor if another consumer
+        committed meanwhile."""
+        self._lease = self._store.acquire_lease(self.name, self._holder())
+        if self._reader.changed_elsewhere():
+            cursor = self._reader.load_cursor()
+            self._reader.seek(cursor)
+            self._tracker = AckTracker(cursor)
+            self._segment = cursor.segment
+            self._ready.clear()
+            self._frames.clear()
+
     def receive_nowait(self) -> Envelope:
         """The next envelope, or raise `anyio.WouldBlock` if none is there yet."""
+        if self._lease is None and not self._store.lease_held(self.name):
+            self._check_lease()
         if self._ready:
             return self._ready.popleft()
         if self._closed:
@@ -216,6 +264,7 @@ class Inbox:
             self._duplicates,
             self._duplicate_responses,
             self._late,
+            self._rejected,
         )
 
     # -- internals shared with Mailboxes --
@@ -276,11 +325,25 @@ class Inbox:
                 reason = decoded or f"line longer than {self._max_line} bytes"
                 self._quarantine(Corrupt(frame[0], end, reason, raw))
                 continue
+            if (
+                decoded.team != self._team
+                or (decoded.recipient != self.name and decoded.recipient != "*")
+                or (self._signer is not None and not self._signer.verify(raw, self._team))
+            ):
+                self._quarantine(Corrupt(frame[0], end, self._misfiled(decoded), raw))
+                continue
             if not tracker.deliver(decoded.id, self._segment, end, decoded.seq):
                 self._duplicates += 1
                 continue
             if not isinstance(decoded, Response) or self._route(decoded):
                 return decoded
+
+    def _misfiled(self, envelope: Envelope) -> str:
+        if envelope.team != self._team:
+            return f"wrong team: {envelope.team!r} in the inbox of {self.name} of {self._team!r}"
+        if envelope.recipient != self.name and envelope.recipient != "*":
+            return f"wrong recipient: {envelope.recipient!r} in the inbox of {self.name}"
+        return "bad signature"
 
     def _quarantine(self, item: Corrupt) -> None:
         self._reader.quarantine(self._segment, item)
@@ -290,8 +353,16 @@ class Inbox:
     def _route(self, response: Response) -> bool:
         """Hand a response to the request awaiting it; True if it is for `receive` instead."""
         request_id = response.in_reply_to
-        reply = self._pending.pop(request_id, None)
+        reply = self._pending.get(request_id)
+        if reply is not None and response.sender != reply.expected:
+            # not from the member that was asked: flagged and dropped; the real answer wins
+            self._tracker.ack(response.id)
+            self._rejected += 1
+            self._commits.ticket()
+            self._mailboxes._commit_soon(self)
+            return False
         if reply is not None:
+            del self._pending[request_id]
             reply.response = response
             self._answered.add(request_id)
             self._tracker.ack(response.id)  # handled by request(): commit in the background
@@ -321,6 +392,9 @@ class Inbox:
         self._closed = True
         self._pending.clear()
         self._reader.close()
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
         self._signal()
 
 
@@ -337,8 +411,11 @@ class Mailboxes:
         members: Iterable[str] = (),
         rescan_interval: float = DEFAULT_RESCAN_INTERVAL,
         commit_delay: float = DEFAULT_COMMIT_DELAY,
+        key: str | bytes | None = None,
     ) -> None:
         self.store = store
+        secret = team_key(key)
+        self._signer = None if secret is None else Signer(secret)
         self._initial_members = tuple(members)
         self._rescan_interval = rescan_interval
         self._inboxes: dict[str, Inbox] = {}
@@ -421,6 +498,9 @@ class Mailboxes:
             raise UsageError(f"envelope is for team {envelope.team!r}, not {self.store.team!r}")
         validate_body(envelope.type, envelope.body)
         encoded = encode(envelope)
+        check_finite(encoded)
+        if self._signer is not None:
+            encoded = self._signer.sign(encoded, self.store.team)
         if len(encoded) > self.store.max_envelope:
             raise EnvelopeTooLarge(
                 f"envelope {envelope.id} from {envelope.sender} is {len(encoded)} bytes encoded, "
@@ -436,13 +516,37 @@ class Mailboxes:
         self._check_open()
         encoded = self._encode(envelope)
         if isinstance(envelope, Broadcast):
-            for member in self.store.members(refresh=True):
-                if member != envelope.sender:
-                    await self.store.append(member, encoded)
-                    self._wake(member)
+            await self._broadcast(envelope, encoded)
             return
         await self.store.append(envelope.recipient, encoded)
         self._wake(envelope.recipient)
+
+    async def _broadcast(self, envelope: Broadcast, encoded: bytes) -> None:
+        """Append to every member's inbox but the sender's; if some appends fail, the others
+        are still tried and `PartialBroadcast` names who got it and who did not."""
+        delivered: list[str] = []
+        failed: list[tuple[str, StoreError]] = []
+        for member in self.store.members(refresh=True):
+            if member == envelope.sender:
+                continue
+            try:
+                await self.store.append(member, encoded)
+            except StoreError as exc:
+                failed.append((member, exc))
+                continue
+            delivered.append(member)
+            self._wake(member)
+        if not failed:
+            return
+        if not delivered:
+            raise failed[0][1]  # nothing was written anywhere: the store's own error says so
+        missed = ", ".join(f"{member} ({exc.strerror or exc})" for member, exc in failed)
+        raise PartialBroadcast(
+            f"broadcast {envelope.id} from {envelope.sender} reached {', '.join(delivered)} "
+            f"but not {missed}; it is in the inboxes of those it reached",
+            tuple(delivered),
+            tuple(member for member, _ in failed),
+        ) from failed[0][1]
 
     async def send_many(self, envelopes: Sequence[Envelope]) -> None:
         """Send several envelopes; consecutive ones to the same inbox share one locked write.
@@ -466,12 +570,18 @@ class Mailboxes:
 
     # -- request / response --
 
-    async def request(self, envelope: Request, *, timeout: float | None = None) -> Response:
-        """Send a request and wait for its response, matched by id.
+    async def request(
+        self, envelope: Request, *, timeout: float | None = None, consume: bool = True
+    ) -> Response:
+        """Send a request and wait for its response, matched by id and accepted only from the
+        member that was asked (answers from anyone else are counted as rejected and dropped).
 
-        The sender must be a member whose inbox this process owns. Raises `RequestTimeout` when
-        no answer comes in time (a late answer still reaches the sender's inbox) and
-        `RemoteError` when the callee answers with an error response.
+        The sender must be a member; its inbox is opened here (taking its lease) unless
+        `consume=False`, which watches the sender's inbox for the answer without consuming it
+        (for tools such as `teamrt send --wait` beside the inbox's live owner; the owner also
+        receives the answer). Raises `RequestTimeout` when no answer comes in time (a late
+        answer still reaches the sender's inbox) and `RemoteError` when the callee answers
+        with an error response.
         """
         if not isinstance(envelope, Request):
             raise UsageError(f"request() takes a request envelope, not a {envelope.kind}")
@@ -479,8 +589,56 @@ class Mailboxes:
             timeout = max(0.0, envelope.deadline - time.time())
         elif timeout is not None and envelope.deadline is None:
             envelope = envelope.model_copy(update={"deadline": envelope.ts + timeout})
+        if not consume:
+            response = await self._watch_for_response(envelope, timeout)
+        else:
+            response = await self._request(envelope, timeout)
+        if response.is_error:
+            try:
+                body = ErrorBody.model_validate(response.body)
+            except ValidationError:
+                body = ErrorBody(error="error", message=repr(response.body)[:500])
+            raise RemoteError(body.error, body.message, response)
+        return response
+
+    def _timed_out(self, envelope: Request, timeout: float | None) -> RequestTimeout:
+        return RequestTimeout(
+            f"no response from {envelope.recipient} to request {envelope.id} "
+            f"(type {envelope.type!r}) within {timeout:g}s; the request stays in "
+            f"{envelope.recipient}'s inbox and a late response will be delivered to "
+            f"{envelope.sender}'s inbox",
+            envelope,
+        )
+
+    async def _watch_for_response(self, envelope: Request, timeout: float | None) -> Response:
+        """Read the sender's inbox from its current end, without a lease, a commit or a
+        quarantine entry, until the answer from the asked member arrives."""
+        self._check_open()
+        reader = self.store.tail_reader(envelope.sender)
+        try:
+            await self.send(envelope)
+            with anyio.move_on_after(math.inf if timeout is None else timeout):
+                while True:
+                    frames = reader.read()[1]
+                    for frame in frames:
+                        decoded = decode_line(frame[2]) if not frame[3] else None
+                        if (
+                            isinstance(decoded, Response)
+                            and decoded.in_reply_to == envelope.id
+                            and decoded.sender == envelope.recipient
+                            and decoded.team == self.store.team
+                            and (self._signer is None or self._signer.verify(frame[2], self.team))
+                        ):
+                            return decoded
+                    if not frames:
+                        await anyio.sleep(_POLL_INTERVAL / 5)
+        finally:
+            reader.close()
+        raise self._timed_out(envelope, timeout)
+
+    async def _request(self, envelope: Request, timeout: float | None) -> Response:
         inbox = self.inbox(envelope.sender)
-        reply = _Reply()
+        reply = _Reply(envelope.recipient)
         inbox._pending[envelope.id] = reply
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         try:
@@ -494,16 +652,7 @@ class Mailboxes:
         response = reply.response
         if response is None:
             inbox._timed_out.add(envelope.id)
-            raise RequestTimeout(
-                f"no response from {envelope.recipient} to request {envelope.id} "
-                f"(type {envelope.type!r}) within {timeout:g}s; the request stays in "
-                f"{envelope.recipient}'s inbox and a late response will be delivered to "
-                f"{envelope.sender}'s inbox",
-                envelope,
-            )
-        if response.is_error:
-            body = ErrorBody.model_validate(response.body)
-            raise RemoteError(body.error, body.message, response)
+            raise self._timed_out(envelope, timeout)
         return response
 
     def statistics(self) -> dict[str, InboxStatistics]:
@@ -558,6 +707,10 @@ class FileMailboxes(Mailboxes):
       team.json when the team is created, and that recorded value wins afterwards.
     - `max_envelope`: the largest encoded envelope accepted (bytes).
     - `create=False`: refuse to create a team directory that does not exist.
+    - `key`: a team key (or `TEAMRT_TEAM_KEY`): envelopes are signed with it, and unsigned or
+      badly signed ones are quarantined (see mailboxes/README.md, "Trust").
+    - `shared_group=True` (or `TEAMRT_SHARED_GROUP=1`): accept a team directory shared by one
+      group (group-writable); by default it must be this user's and writable by nobody else.
     """
 
     def __init__(
@@ -570,6 +723,8 @@ class FileMailboxes(Mailboxes):
         segment_bytes: int | None = None,
         max_envelope: int = DEFAULT_MAX_ENVELOPE,
         create: bool = True,
+        key: str | bytes | None = None,
+        shared_group: bool | None = None,
     ) -> None:
         store = FileStore(
             path,
@@ -577,8 +732,9 @@ class FileMailboxes(Mailboxes):
             segment_bytes=segment_bytes,
             max_envelope=max_envelope,
             create=create,
+            shared_group=shared_group,
         )
-        super().__init__(store, members=members, rescan_interval=rescan_interval)
+        super().__init__(store, members=members, rescan_interval=rescan_interval, key=key)
         self.path = store.path
 
 
@@ -591,5 +747,6 @@ class MemoryMailboxes(Mailboxes):
         *,
         members: Iterable[str] = (),
         max_envelope: int = DEFAULT_MAX_ENVELOPE,
+        key: str | bytes | None = None,
     ) -> None:
-        super().__init__(MemoryStore(team, max_envelope=max_envelope), members=members)
+        super().__init__(MemoryStore(team, max_envelope=max_envelope), members=members, key=key)

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 
 from anyio.abc import TaskStatus
 
-from teamrt.errors import MemberBusy, UnknownRecipient
+from teamrt.errors import UnknownRecipient
 from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Frame, LineSplitter, stamp
-from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, InboxReader, Lease, Store
+from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, InboxReader, Store
 from teamrt.names import validate_name
 
 
@@ -70,7 +70,6 @@ class MemoryStore(Store):
         self.max_envelope = max_envelope
         self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
         self.inboxes: dict[str, _MemoryInbox] = {}
-        self._leases: dict[str, str] = {}
 
     async def open(self, members: Sequence[str]) -> None:
         for name in members:
@@ -118,18 +117,14 @@ class MemoryStore(Store):
     def watch_inbox(self, name: str) -> None:
         pass
 
-    def acquire_lease(self, name: str, holder: str) -> Lease:
-        self._inbox(name)
-        current = self._leases.get(name)
-        if current is not None:
-            raise MemberBusy(f"member {name!r} is already running ({current})")
-        self._leases[name] = holder
-        return _MemoryLease(self._leases, name)
+    def _lock_member(self, name: str, holder: str) -> object:
+        self._inbox(name)  # one store object is the whole team: nobody else can hold it
+        return None
 
+    def _unlock_member(self, token: object) -> None:
+        pass
 
-class _MemoryLease(Lease):
-    def __init__(self, leases: dict[str, str], name: str) -> None:
-        self._leases, self._name = leases, name
-
-    def release(self) -> None:
-        self._leases.pop(self._name, None)
+    def tail_reader(self, name: str) -> MemoryReader:
+        reader = self.reader(name)
+        reader.seek(Cursor(0, len(self._inbox(name).data)))
+        return reader

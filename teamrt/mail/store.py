@@ -53,6 +53,11 @@ class InboxReader(ABC):
     def quarantine(self, segment: int, item: Corrupt) -> None:
         """Record a line that could not be decoded (once, even if it is read again)."""
 
+    def changed_elsewhere(self) -> bool:
+        """True if another consumer committed this inbox's cursor since this reader last
+        loaded or committed it."""
+        return False
+
     @abstractmethod
     def close(self) -> None: ...
 
@@ -100,6 +105,11 @@ class Store(ABC):
     def reader(self, name: str) -> InboxReader:
         """A reader over `name`'s inbox, for its owner."""
 
+    def tail_reader(self, name: str) -> InboxReader:
+        """A reader over `name`'s inbox positioned at its end, for watching what comes next
+        without consuming it (it takes no lease and must never commit or quarantine)."""
+        raise NotImplementedError(f"{type(self).__name__} has no tail reader")
+
     @abstractmethod
     async def watch(self, notify: Callable[[str], None], *, task_status: TaskStatus[None]) -> None:
         """Run until cancelled, calling `notify(name)` when another process writes to an inbox
@@ -109,11 +119,57 @@ class Store(ABC):
     def watch_inbox(self, name: str) -> None:
         """Start reporting writes to `name`'s inbox (called when a local reader opens)."""
 
-    @abstractmethod
+    # -- leases: one live consumer per member; re-entrant within this store object --
+
     def acquire_lease(self, name: str, holder: str) -> Lease:
         """Become the one live owner of member `name` (its inbox consumer), or raise
         `MemberBusy` naming the current holder. Released by `Lease.release()` or by the death
-        of the holding process."""
+        of the holding process.
+
+        Re-entrant within this store object: while this store holds the lease, further
+        acquisitions succeed (a Team and an inbox of one process share it), and the lease is
+        given up when the last of them releases it. Another store object, in this process or
+        another, is refused.
+        """
+        records = self._lease_table()
+        record = records.get(name)
+        if record is None:
+            token = self._lock_member(name, holder)
+            record = records[name] = _LeaseRecord(name, token)
+        else:
+            self._describe_holder(record.token, holder)
+        record.holders.append(holder)
+        return _SharedLease(self, record, holder)
+
+    def lease_held(self, name: str) -> bool:
+        """True while this store object holds member `name`'s lease."""
+        return name in self._lease_table()
+
+    def _lease_table(self) -> dict[str, _LeaseRecord]:
+        try:
+            return self._lease_records
+        except AttributeError:
+            self._lease_records: dict[str, _LeaseRecord] = {}
+            return self._lease_records
+
+    def _release(self, record: _LeaseRecord, holder: str) -> None:
+        record.holders.remove(holder)
+        if record.holders:
+            self._describe_holder(record.token, record.holders[-1])
+            return
+        del self._lease_table()[record.name]
+        self._unlock_member(record.token)
+
+    @abstractmethod
+    def _lock_member(self, name: str, holder: str) -> object:
+        """Take member `name`'s lease for this store (not yet held by it), or raise
+        `MemberBusy`; returns what `_unlock_member` needs."""
+
+    def _describe_holder(self, token: object, holder: str) -> None:  # noqa: B027 -- optional
+        """Record who holds the lease now (for the error the next claimant sees)."""
+
+    @abstractmethod
+    def _unlock_member(self, token: object) -> None: ...
 
 
 class Lease(ABC):
@@ -121,3 +177,24 @@ class Lease(ABC):
 
     @abstractmethod
     def release(self) -> None: ...
+
+
+class _LeaseRecord:
+    __slots__ = ("holders", "name", "token")
+
+    def __init__(self, name: str, token: object) -> None:
+        self.name = name
+        self.token = token
+        self.holders: list[str] = []
+
+
+class _SharedLease(Lease):
+    def __init__(self, store: Store, record: _LeaseRecord, holder: str) -> None:
+        self._store: Store | None = store
+        self._record = record
+        self._holder = holder
+
+    def release(self) -> None:
+        if self._store is not None:
+            store, self._store = self._store, None
+            store._release(self._record, self._holder)

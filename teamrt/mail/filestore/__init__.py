@@ -1,0 +1,42 @@
+"""The file store: the only code that touches inbox files and their locks.
+
+Theory of operation. Each inbox is `inboxes/<agent>.jsonl`, appended to under an exclusive flock on
+`inboxes/<agent>.lock` (a file that is never deleted). A process keeps the lock and log descriptors
+open. Under the lock an append fstats the log; reopens it if it was rotated, deleted or replaced;
+if the size is not what this process last left, reads the tail to seal a torn fragment with a
+newline and to recover the next `seq`; rotates the log into a numbered segment past the size limit
+(link, then rename a fresh file over the active name, so the active file always exists); then
+writes one stamped line, looping over short writes and truncating back to the old size on any
+error. The common case is four syscalls (flock, fstat, write, unlock) run inline on the event
+loop; only a contended lock goes to a worker thread. In `fsync` mode, senders then share fdatasync
+calls (group commit) outside the lock.
+
+Readers take no lock: they pread from their cursor, decode complete lines only, quarantine what
+cannot be decoded, check the cursor against the log, and commit the cursor by overwriting the older
+of its two checksummed slots. This package must never delete a lock file, truncate below a line
+another writer completed, create an inbox for an unknown name, or open a file it creates through a
+symbolic link.
+
+    paths.py     where an inbox's files are; which segment is active
+    fileio.py    O_NOFOLLOW creation, atomic replace, directory checks, OSError translation
+    appender.py  the locked append, seq recovery, rotation
+    reader.py    the owner's reader, cursor checks and commits, quarantine
+    store.py     FileStore: directory, roster, leases, watches
+    repair.py    `teamrt repair`: bring a damaged inbox back to its last good position
+"""
+
+from teamrt.mail.filestore.appender import TAIL_WINDOW as _TAIL_WINDOW
+from teamrt.mail.filestore.paths import InboxPaths
+from teamrt.mail.filestore.reader import CURSOR_SLOT, FileReader, read_cursor
+from teamrt.mail.filestore.store import DEFAULT_SEGMENT_BYTES, FileStore, lease_holder
+
+__all__ = [
+    "CURSOR_SLOT",
+    "DEFAULT_SEGMENT_BYTES",
+    "_TAIL_WINDOW",
+    "FileReader",
+    "FileStore",
+    "InboxPaths",
+    "lease_holder",
+    "read_cursor",
+]

@@ -1,0 +1,283 @@
+"""One process's writer for one inbox: the locked append, seq recovery and rotation.
+
+Theory of operation. Under the inbox's flock an append fstats the log. If the file lost its last
+name (deleted, or replaced by a rename) or another process rotated it away, the writer reopens the
+active file. If the size is not what this process last left, it seals a torn tail left by a dead
+writer and recovers the next `seq` from the last line that decodes as an envelope of this inbox
+(so one garbage line cannot move `seq`). Past the segment size it rotates:
+
+    link(<agent>.jsonl, <agent>.NNNNNN.jsonl)       the full file gets its segment name
+    create <agent>.jsonl.next (O_EXCL|O_NOFOLLOW)   a fresh, empty file
+    rename(<agent>.jsonl.next, <agent>.jsonl)       atomically replaces the active name
+
+so the active name always exists; a writer killed (or failing with EMFILE/ENOSPC) between two
+steps leaves segment N and the active file as one inode, which the next writer's rotation simply
+finishes. Then it appends one stamped line, looping over short writes and truncating back on any
+error. Descriptors of rotated files are closed at once (or after an fdatasync in flight on them).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import anyio
+
+from teamrt.envelopes import Envelope
+from teamrt.errors import DurabilityError, StoreCorrupt, StoreError, UnknownRecipient
+from teamrt.mail.filestore.fileio import (
+    O_READ,
+    O_WRITE,
+    create_exclusive,
+    fsync_dir,
+    translate,
+    write_all,
+)
+from teamrt.mail.filestore.paths import InboxPaths, same_file
+from teamrt.mail.group import GroupCommit
+from teamrt.mail.log import decode_line, stamp, stamp_many
+
+if TYPE_CHECKING:
+    from teamrt.mail.filestore.store import FileStore
+
+TAIL_WINDOW = 64 << 10
+_SEQ_AT_LINE_START = re.compile(rb'\{"seq":(\d+),')
+
+
+def last_seq(fd: int, size: int, team: str, name: str, window: int = TAIL_WINDOW) -> int | None:
+    """The seq of the last complete line that decodes as an envelope of inbox `name` of `team`,
+    reading backwards from the end.
+
+    `window` is how much to read first: just what other writers added since our last append,
+    in the common case, so the locked section stays short under contention.
+    """
+    while True:
+        start = max(0, size - window)
+        chunk = os.pread(fd, size - start, start)
+        lines = chunk.split(b"\n")
+        if start > 0:
+            lines = lines[1:]  # may be a partial line: widen the window instead
+        for line in reversed(lines):
+            m = _SEQ_AT_LINE_START.match(line)
+            if m is None:
+                continue
+            envelope = decode_line(line)
+            if (
+                isinstance(envelope, Envelope)
+                and envelope.team == team
+                and envelope.recipient in (name, "*")
+            ):
+                return int(m.group(1))
+        if start == 0:
+            return None
+        window *= 4
+
+
+class Appender:
+    """This process's writer for one inbox: held descriptors, the next seq, a turn queue."""
+
+    def __init__(self, store: FileStore, paths: InboxPaths) -> None:
+        self.store = store
+        self.paths = paths
+        self.what = f"append to {paths.name}'s inbox"
+        try:
+            self.lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise UnknownRecipient(f"{paths.name!r} has no inbox in team {store.team!r}") from None
+        except OSError as exc:
+            raise translate(exc, f"open {paths.name}'s inbox") from None
+        self.fd = -1
+        self.segment = 0
+        self.known_size = -1  # forces tail recovery on first use
+        self.next_seq = 0
+        self.sealed = 0  # torn tails this process sealed
+        self.rotations = 0  # rotations this process made
+        self.busy = False
+        self.waiters: deque[anyio.Event] = deque()
+        self._retired: list[int] = []
+        self._syncing = -1  # the descriptor a group-commit fdatasync is using
+        self.syncs = GroupCommit(self._fdatasync)
+
+    async def _fdatasync(self) -> None:
+        """One shared sync (group commit); a failure is reported to every sender it covered."""
+        fd = self._syncing = self.fd
+        try:
+            await anyio.to_thread.run_sync(os.fdatasync, fd)
+        except OSError as exc:
+            raise DurabilityError(
+                exc.errno or 0,
+                f"{self.what}: fsync failed: {exc.strerror}; the send is not acknowledged",
+            ) from None
+        finally:
+            self._syncing = -1
+            for old in self._retired:
+                os.close(old)
+            self._retired.clear()
+
+    # -- turn-taking within this process (the flock does not exclude our own descriptor) --
+
+    async def take_turn(self) -> None:
+        turn = anyio.Event()
+        self.waiters.append(turn)
+        try:
+            await turn.wait()
+        except BaseException:
+            if turn.is_set():
+                self.pass_turn()
+            else:
+                self.waiters.remove(turn)
+            raise
+
+    def pass_turn(self) -> None:
+        if self.waiters:
+            self.waiters.popleft().set()  # stays busy: the turn is handed over
+        else:
+            self.busy = False
+
+    # -- the locked section --
+
+    def try_lock(self) -> bool:
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def unlock(self) -> None:
+        fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+
+    def append_blocking(self, encoded: Sequence[bytes]) -> int:
+        """Wait for the lock, append, unlock (runs in a worker thread under contention)."""
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        try:
+            return self.append_locked(encoded)
+        finally:
+            self.unlock()
+
+    def append_locked(self, encoded: Sequence[bytes]) -> int:
+        """Append stamped lines for `encoded` in one write; return the first seq (lock held)."""
+        store = self.store
+        try:
+            if self.fd < 0:
+                self._reopen()
+            st = os.fstat(self.fd)
+            size = st.st_size
+            if st.st_nlink == 0 or (size >= store.segment_bytes and self._stale()):
+                self._reopen()  # deleted or replaced, or rotated by another process
+                size = os.fstat(self.fd).st_size
+            if size != self.known_size:
+                size = self._recover(size)
+            if size >= store.segment_bytes:
+                self.rotate()
+                size = 0
+        except OSError as exc:
+            self.known_size = -1
+            raise translate(exc, self.what) from None
+        first = self.next_seq
+        team = store.team_bytes
+        if len(encoded) == 1:
+            line = stamp(encoded[0], first, team)
+        else:
+            line = stamp_many(encoded, first, team)
+        try:
+            write_all(self.fd, line, size, self.what)
+        except StoreError:
+            self.known_size = -1
+            raise
+        self.known_size = size + len(line)
+        self.next_seq = first + len(encoded)
+        return first
+
+    def _recover(self, size: int) -> int:
+        """Seal a torn tail left by a dead writer and find the next seq. Returns the new size."""
+        if size > 0 and os.pread(self.fd, 1, size - 1) != b"\n":
+            write_all(self.fd, b"\n", size, f"seal torn tail of {self.paths.name}'s inbox")
+            size += 1
+            self.sealed += 1
+        known = self.known_size
+        # what others appended since our last append, plus the newline that ended ours
+        window = size - known + 1 if 0 < known < size else TAIL_WINDOW
+        team, name = self.store.team, self.paths.name
+        last = last_seq(self.fd, size, team, name, window) if size > 0 else None
+        if last is None:
+            last = self._last_seq_before(self.segment)
+        self.next_seq = last + 1
+        self.known_size = size
+        return size
+
+    def _last_seq_before(self, segment: int) -> int:
+        for index in reversed(range(segment)):
+            fd = os.open(self.paths.segment(index), O_READ)
+            try:
+                last = last_seq(fd, os.fstat(fd).st_size, self.store.team, self.paths.name)
+            finally:
+                os.close(fd)
+            if last is not None:
+                return last
+        return -1
+
+    def _stale(self) -> bool:
+        """True if another process rotated the log away from under our descriptor."""
+        return os.stat(self.paths.log).st_ino != os.fstat(self.fd).st_ino
+
+    def _reopen(self) -> None:
+        try:
+            fd = os.open(self.paths.log, O_WRITE)
+        except FileNotFoundError:
+            raise StoreCorrupt(
+                f"{self.paths.log} is missing: {self.paths.name}'s inbox log was deleted; "
+                f"run `teamrt repair {self.store.path} --inbox {self.paths.name}`"
+            ) from None
+        if self.fd >= 0:
+            if self.store.durability == "fsync":
+                os.fdatasync(self.fd)  # senders waiting on a sync wrote to the old file
+            self._retire(self.fd)
+        self.fd = fd
+        self.segment = self.paths.active_index()
+        self.known_size = -1
+
+    def _retire(self, fd: int) -> None:
+        if fd == self._syncing:
+            self._retired.append(fd)  # closed when that fdatasync returns
+        else:
+            os.close(fd)
+
+    def rotate(self) -> None:
+        """Close the full active file as segment N and start a new one (lock held)."""
+        paths, durable = self.paths, self.store.durability == "fsync"
+        if durable:
+            os.fdatasync(self.fd)
+        target = paths.segment(self.segment)
+        try:
+            os.link(paths.log, target, follow_symlinks=False)
+        except FileExistsError:
+            if not same_file(target, paths.log):  # not our unfinished rotation
+                raise StoreCorrupt(
+                    f"{target} exists but is not {paths.log}: the segments of {paths.name}'s "
+                    f"inbox are out of order; run `teamrt repair {self.store.path} "
+                    f"--inbox {paths.name}`"
+                ) from None
+        fd = create_exclusive(paths.next_log, self.store.file_mode, append=True)
+        try:
+            os.rename(paths.next_log, paths.log)
+        except OSError:
+            os.close(fd)
+            raise
+        if durable:
+            fsync_dir(paths.dir)
+        self._retire(self.fd)
+        self.fd = fd
+        self.segment += 1
+        self.known_size = 0
+        self.rotations += 1
+
+    def close(self) -> None:
+        for fd in [self.fd, self.lock_fd, *self._retired]:
+            if fd >= 0:
+                os.close(fd)
+        self._retired.clear()
+        self.fd = self.lock_fd = -1

@@ -1,0 +1,127 @@
+"""The file store's system calls that are not on the append/read hot paths, and its one
+translation of OSError into teamrt's errors.
+
+Everything the store creates or replaces is opened with O_NOFOLLOW (temporary files included), and
+a temporary file is created with O_EXCL after unlinking any leftover (unlink removes a symlink
+itself, never its target). The team directory and its subdirectories must belong to this user and
+not be writable by anyone else, unless the team is explicitly shared by one group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from pathlib import Path
+
+from teamrt.errors import DiskFull, StoreError, UnsafeDirectory
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+SHARED_DIR_MODE = 0o2770  # setgid: files inherit the directory's group
+SHARED_FILE_MODE = 0o660
+O_WRITE = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+O_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+
+def translate(exc: OSError, what: str) -> StoreError:
+    """The one place OSErrors become teamrt errors."""
+    if exc.errno in FULL_ERRNOS:
+        return DiskFull(exc.errno, f"{what}: {os.strerror(exc.errno)}; nothing was written")
+    if exc.errno == errno.ELOOP:
+        return StoreError(exc.errno, f"{what}: refused to follow a symbolic link")
+    return StoreError(exc.errno or 0, f"{what}: {exc.strerror or exc}")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes, size: int, what: str) -> None:
+    """Append `data` whole, or truncate back to `size` and raise: never leave a partial line."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # if this fails, the next writer seals the tail
+            os.ftruncate(fd, size)
+        raise translate(exc, what) from None
+
+
+def create_exclusive(path: Path, mode: int = FILE_MODE, *, append: bool = False) -> int:
+    """A new file at `path` for writing (a leftover, or a symlink planted there, is removed
+    first; the new file is never reached through a link)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    return os.open(path, flags | os.O_APPEND if append else flags, mode)
+
+
+def replace_file(path: Path, data: bytes, *, durable: bool, mode: int = FILE_MODE) -> None:
+    """Write `data` to `<path>.tmp` (created exclusively, never through a link), then rename it
+    over `path`."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = create_exclusive(tmp, mode)
+    try:
+        write_all(fd, data, 0, f"write {tmp}")
+        os.fchmod(fd, mode)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def touch(path: Path, mode: int = FILE_MODE) -> None:
+    """Create `path` if missing (never through a link)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode))
+
+
+def check_directory(path: Path, *, shared_group: bool, follow: bool = False) -> None:
+    """Refuse a directory that someone else could have prepared: it must be a real directory
+    (not a symlink, unless `follow`), owned by this user and writable by nobody else; with
+    `shared_group`, it may instead belong to one of this user's groups and be group-writable,
+    but never writable by others."""
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except FileNotFoundError:
+        return
+    hint = (
+        "create the team directory yourself (teamrt creates it 0700), or pass "
+        "shared_group=True (TEAMRT_SHARED_GROUP=1) for a team shared by one group"
+    )
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeDirectory(f"{path} is a symbolic link; a team's directories must be real ones")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectory(f"{path} is not a directory")
+    uid = os.geteuid()
+    if st.st_mode & stat.S_IWOTH:
+        raise UnsafeDirectory(
+            f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}): "
+            f"anyone could plant files in it; {hint}"
+        )
+    if shared_group:
+        groups = {os.getegid(), *os.getgroups()}
+        if st.st_uid != uid and st.st_gid not in groups:
+            raise UnsafeDirectory(
+                f"{path} belongs to uid {st.st_uid}, group {st.st_gid}, neither of which is "
+                "this user's or one of its groups"
+            )
+        return
+    if st.st_uid != uid:
+        raise UnsafeDirectory(
+            f"{path} belongs to uid {st.st_uid}, not to this user (uid {uid}); {hint}"
+        )
+    if st.st_mode & stat.S_IWGRP:
+        raise UnsafeDirectory(
+            f"{path} is writable by its group (mode {stat.S_IMODE(st.st_mode):04o}); {hint}"
+        )

@@ -1,0 +1,331 @@
+"""The owner's reader over one inbox: segments in order, cursor checks, cursor commits, quarantine.
+
+Theory of operation. A reader takes no lock. It preads from its position in the current segment,
+frames complete lines only, and moves to the next segment once its file was rotated away and read
+to the end. The cursor file holds two CRC-checked slots; a commit overwrites the older one with a
+single pwrite (see `commit`). A cursor is checked against the log when it is loaded and on every
+read: a segment shorter than the position, a file that lost its name, or bytes before the
+position that are not the ones the cursor was written after (its `tail` CRC) raise `StoreCorrupt`,
+naming the file and `teamrt repair`; the reader never silently skips or re-reads a log that
+changed under it. A cursor file with no valid slot is set aside and the inbox is read again from
+the start (at-least-once), never left unopenable.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import time
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from teamrt.errors import StoreCorrupt
+from teamrt.mail.filestore.appender import TAIL_WINDOW
+from teamrt.mail.filestore.fileio import (
+    O_READ,
+    O_WRITE,
+    replace_file,
+    translate,
+    write_all,
+)
+from teamrt.mail.filestore.paths import READ_CHUNK, InboxPaths
+from teamrt.mail.log import Corrupt, Cursor, Frame, LineSplitter
+from teamrt.mail.store import InboxReader
+
+if TYPE_CHECKING:
+    from teamrt.mail.filestore.store import FileStore
+
+CURSOR_SLOT = 4096  # one page: a process killed mid-pwrite cannot tear it
+TAIL_CHECK = 256  # bytes before the cursor's offset whose CRC the cursor records
+
+log = logging.getLogger("teamrt.mail")
+
+
+def read_cursor(path: Path) -> tuple[Cursor, int, int]:
+    """The committed cursor in `path`, its generation and its slot size.
+
+    A file with no valid slot (both torn, emptied, edited) reads as generation -1 and the start
+    of the log: the inbox is then read again from the beginning.
+    """
+    try:
+        fd = os.open(path, O_READ)
+    except FileNotFoundError:
+        return Cursor(), 0, CURSOR_SLOT
+    except OSError as exc:
+        raise translate(exc, f"read cursor {path}") from None
+    try:
+        data = os.read(fd, max(os.fstat(fd).st_size, 1))
+    finally:
+        os.close(fd)
+    found = Cursor.decode_slots(data)
+    if found is None:
+        return Cursor(), -1, CURSOR_SLOT
+    return found[0], found[1], max(CURSOR_SLOT, len(data) // 2)
+
+
+def tail_crc(fd: int, offset: int) -> str:
+    """The CRC the cursor records of the bytes before `offset`."""
+    start = max(0, offset - TAIL_CHECK)
+    return f"{zlib.crc32(os.pread(fd, offset - start, start)):08x}"
+
+
+def repair_hint(store_path: Path, name: str) -> str:
+    return f"run `teamrt repair {store_path} --inbox {name}`"
+
+
+class FileReader(InboxReader):
+    """The owner's reader over one inbox's segments."""
+
+    def __init__(self, store: FileStore, paths: InboxPaths) -> None:
+        self.store = store
+        self.paths = paths
+        self.segment = 0
+        self.fd = -1
+        self.ino = 0
+        self.decoder = LineSplitter(max_line=store.max_line)
+        self._quarantined_upto = self._last_quarantined()
+        self._cursor_gen = 0
+        self._slot_size = CURSOR_SLOT
+        self._cursor_fd = -1
+        self._tail_fd = (-1, -1)  # (segment, fd) of an older segment the cursor still sits in
+        self._log_path = str(paths.log)
+        tmp = paths.cursor.with_name(paths.cursor.name + ".tmp")
+        if os.path.lexists(tmp):
+            os.unlink(tmp)  # a commit that died before its rename: the old cursor stands
+
+    def _corrupt(self, path: Path | str, found: str) -> StoreCorrupt:
+        return StoreCorrupt(
+            f"{self.paths.name}'s inbox is damaged: {path} {found}; nothing more is read from "
+            f"it until it is repaired: {repair_hint(self.store.path, self.paths.name)}"
+        )
+
+    def load_cursor(self) -> Cursor:
+        cursor, gen, self._slot_size = read_cursor(self.paths.cursor)
+        if gen < 0:  # neither slot is valid: set it aside, read the log again from the start
+            damaged = self.paths.cursor.with_name(self.paths.cursor.name + ".damaged")
+            os.replace(self.paths.cursor, damaged)
+            log.warning(
+                "%s has no valid slot; kept as %s; %s's inbox is read again from the start",
+                self.paths.cursor,
+                damaged,
+                self.paths.name,
+            )
+            gen = 0
+        self._cursor_gen = gen
+        if gen > 0 and self._cursor_fd < 0:
+            try:
+                self._cursor_fd = os.open(
+                    self.paths.cursor, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+                )
+            except OSError as exc:
+                raise translate(exc, f"open {self.paths.name}'s cursor") from None
+        return cursor
+
+    def seek(self, cursor: Cursor) -> None:
+        self._open_segment(cursor.segment)
+        path = self.paths.segment(cursor.segment)
+        size = os.fstat(self.fd).st_size
+        if size < cursor.offset:
+            raise self._corrupt(
+                path if path.exists() else self.paths.log,
+                f"is {size} bytes, but the cursor says {cursor.offset} bytes of it were handled "
+                "(the log was truncated, or deleted and created again)",
+            )
+        if cursor.tail is not None and tail_crc(self.fd, cursor.offset) != cursor.tail:
+            raise self._corrupt(
+                path if path.exists() else self.paths.log,
+                f"is not the file the cursor was written for: the bytes before offset "
+                f"{cursor.offset} differ (the log was replaced or rewritten)",
+            )
+        self.decoder = LineSplitter(cursor.offset, max_line=self.store.max_line)
+
+    def _open_segment(self, index: int) -> None:
+        """Open segment `index` (a rotated segment, or the active file), then close the old
+        descriptor: a failure leaves the reader where it was."""
+        while True:
+            rotated = self.paths.segment(index)
+            path = rotated if rotated.exists() else self.paths.log
+            try:
+                fd = os.open(path, O_READ)
+            except FileNotFoundError:
+                if path == rotated:
+                    continue
+                raise self._corrupt(self.paths.log, "is missing") from None
+            except OSError as exc:
+                raise translate(exc, f"open {path}") from None
+            if path == self.paths.log and self.paths.active_index() != index:
+                os.close(fd)
+                active = self.paths.active_index()
+                if active < index:
+                    raise self._corrupt(
+                        self.paths.cursor,
+                        f"names segment {index}, but the log has only segments 0 to {active}",
+                    )
+                continue  # rotated between the exists() check and the open: try again
+            break
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd, self.segment = fd, index
+        self.ino = os.fstat(fd).st_ino
+        self.decoder = LineSplitter(max_line=self.store.max_line)
+
+    def _rotated(self, size: int) -> bool:
+        """True if our segment was rotated away. Rotation happens only to a file that reached
+        the team's segment size, so below that size no stat of the path is needed."""
+        if size < self.store.segment_bytes:
+            return False
+        try:
+            return os.stat(self._log_path).st_ino != self.ino
+        except FileNotFoundError:
+            return False  # the log was deleted: the next read reports it
+
+    def read(self) -> tuple[int, list[Frame]]:
+        offset = self.decoder.offset
+        st = os.fstat(self.fd)
+        size = st.st_size
+        if size > offset:
+            data = os.pread(self.fd, min(size - offset, READ_CHUNK), offset)
+            return self.segment, self.decoder.feed(data)
+        if size < offset:
+            raise self._corrupt(
+                self.paths.segment(self.segment)
+                if self.paths.segment(self.segment).exists()
+                else self.paths.log,
+                f"shrank to {size} bytes below the read position {offset} (truncated)",
+            )
+        if st.st_nlink == 0:
+            raise self._corrupt(self.paths.log, "was deleted or replaced while it was read")
+        if not self._rotated(size) or not self.paths.segment(self.segment).exists():
+            return self.segment, []
+        # rotated: no writer touches this segment any more; read what is left, then move on
+        size = os.fstat(self.fd).st_size
+        if size > offset:
+            return self.segment, self.decoder.feed(os.pread(self.fd, size - offset, offset))
+        leftover = self.decoder.flush()
+        segment = self.segment
+        self._open_segment(segment + 1)
+        if leftover is not None:  # rotation seals torn tails: only hand-edited files get here
+            return segment, [leftover]
+        return self.read()
+
+    def has_new(self) -> bool:
+        """Never raises (it runs in the background rescan): trouble is reported by `read`."""
+        try:
+            size = os.fstat(self.fd).st_size
+            return size != self.decoder.offset or self._rotated(size)
+        except OSError:
+            return True
+
+    def commit(self, cursor: Cursor) -> None:
+        """Overwrite the older of the cursor file's two slots (one pwrite of one page).
+
+        No rename: on ext4 a rename over an existing file forces a flush that stalls every
+        writer of the file system for ~0.5 ms. A slot torn by a crash fails its CRC and the
+        other slot, one commit older, is used.
+        """
+        gen = self._cursor_gen + 1
+        durable = self.store.durability == "fsync"
+        what = f"commit {self.paths.name}'s cursor"
+        try:
+            cursor = Cursor(
+                cursor.segment,
+                cursor.offset,
+                cursor.seq,
+                cursor.acked,
+                cursor.recent,
+                cursor.ahead,
+                tail_crc(self._fd_of(cursor.segment), cursor.offset),
+            )
+            slot = cursor.encode_slot(gen, self._slot_size)
+            if slot is None or self._cursor_fd < 0:
+                self._recreate_cursor_file(cursor, gen)
+            else:
+                written = os.pwrite(self._cursor_fd, slot, (gen % 2) * self._slot_size)
+                if written != len(slot):
+                    raise OSError(errno.EIO, f"short write of a cursor slot ({written} bytes)")
+                if durable:
+                    os.fdatasync(self._cursor_fd)
+        except OSError as exc:
+            raise translate(exc, what) from None
+        self._cursor_gen = gen
+
+    def changed_elsewhere(self) -> bool:
+        return read_cursor(self.paths.cursor)[1] != self._cursor_gen
+
+    def _fd_of(self, segment: int) -> int:
+        """A descriptor of `segment` for the tail check (the reader's own, usually)."""
+        if segment == self.segment:
+            return self.fd
+        cached_segment, fd = self._tail_fd
+        if cached_segment != segment:
+            if fd >= 0:
+                os.close(fd)
+            fd = os.open(self.paths.segment(segment), O_READ)
+            self._tail_fd = (segment, fd)
+        return fd
+
+    def _recreate_cursor_file(self, cursor: Cursor, gen: int) -> None:
+        """First commit, or a cursor that outgrew its slots: write a new file, rename it in."""
+        size = self._slot_size
+        while (slot := cursor.encode_slot(gen, size)) is None:
+            size *= 2
+        replace_file(
+            self.paths.cursor,
+            slot + slot,
+            durable=self.store.durability == "fsync",
+            mode=self.store.file_mode,
+        )
+        if self._cursor_fd >= 0:
+            os.close(self._cursor_fd)
+        self._cursor_fd = os.open(self.paths.cursor, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        self._slot_size = size
+
+    def quarantine(self, segment: int, item: Corrupt) -> None:
+        if (segment, item.offset) <= self._quarantined_upto:
+            return
+        entry = {
+            "segment": segment,
+            "offset": item.offset,
+            "end": item.end,
+            "reason": item.reason,
+            "ts": time.time(),
+            "raw": item.raw.decode("utf-8", "backslashreplace"),
+        }
+        line = json.dumps(entry, separators=(",", ":")).encode() + b"\n"
+        try:
+            fd = os.open(self.paths.quarantine, O_WRITE | os.O_CREAT, self.store.file_mode)
+            try:
+                write_all(fd, line, os.fstat(fd).st_size, "quarantine a line")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise translate(exc, f"quarantine a line of {self.paths.name}'s inbox") from None
+        self._quarantined_upto = (segment, item.offset)
+
+    def _last_quarantined(self) -> tuple[int, int]:
+        try:
+            fd = os.open(self.paths.quarantine, O_READ)
+        except FileNotFoundError:
+            return (-1, -1)
+        try:
+            size = os.fstat(fd).st_size
+            tail = os.pread(fd, min(size, TAIL_WINDOW), max(0, size - TAIL_WINDOW))
+        finally:
+            os.close(fd)
+        for line in reversed(tail.split(b"\n")):
+            try:
+                entry = json.loads(line)
+                return (int(entry["segment"]), int(entry["offset"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return (-1, -1)
+
+    def close(self) -> None:
+        for fd in (self.fd, self._cursor_fd, self._tail_fd[1]):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self._cursor_fd = -1
+        self._tail_fd = (-1, -1)

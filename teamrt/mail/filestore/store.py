@@ -1,0 +1,402 @@
+"""`FileStore`: the team directory, its roster, member leases, and the watch for other writers.
+
+The roster (`team.json`) is changed under an flock on `team.lock` and replaced by rename; it fixes
+the team's segment size and envelope limit, so that every process agrees on them. The team
+directory and its subdirectories are checked before anything is read or written in them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import anyio
+from anyio.abc import TaskStatus
+
+from teamrt.errors import MemberBusy, StoreError, UnknownRecipient, UsageError
+from teamrt.mail import inotify
+from teamrt.mail.filestore.appender import Appender
+from teamrt.mail.filestore.fileio import (
+    DIR_MODE,
+    FILE_MODE,
+    O_READ,
+    SHARED_DIR_MODE,
+    SHARED_FILE_MODE,
+    check_directory,
+    fsync_dir,
+    replace_file,
+    touch,
+    translate,
+)
+from teamrt.mail.filestore.paths import InboxPaths
+from teamrt.mail.filestore.reader import FileReader
+from teamrt.mail.filestore.watch import dispatch_forever
+from teamrt.mail.log import DEFAULT_MAX_LINE, Cursor
+from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Store
+from teamrt.names import validate_name
+
+ROSTER_FORMAT = 1
+DEFAULT_SEGMENT_BYTES = 64 << 20
+
+
+def lease_holder(team_dir: Path, name: str) -> str | None:
+    """Who runs member `name` now ("pid N, incarnation ID"), or None if nobody holds its lease.
+    Takes the lock for an instant only when it is free; never blocks."""
+    try:
+        fd = os.open(Path(team_dir) / "agents" / f"{name}.lease", O_READ)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown holder"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _shared_from_env() -> bool:
+    return os.environ.get("TEAMRT_SHARED_GROUP", "") not in ("", "0")
+
+
+class FileStore(Store):
+    """Inboxes as JSON Lines files under one team directory (see mailboxes/README.md).
+
+    `path` is the team directory; its last component is the team name. Local file systems only:
+    on NFS neither O_APPEND nor flock is reliable. The directory must belong to this user and be
+    writable by nobody else; `shared_group=True` (or `TEAMRT_SHARED_GROUP=1`) accepts a team
+    directory shared by one group instead (group-writable, never world-writable).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = "none",
+        segment_bytes: int | None = None,
+        max_envelope: int = DEFAULT_MAX_ENVELOPE,
+        create: bool = True,
+        shared_group: bool | None = None,
+    ) -> None:
+        if durability not in ("none", "fsync"):
+            raise UsageError(f"durability must be 'none' or 'fsync', not {durability!r}")
+        self.path = Path(path)
+        self.team = validate_name(self.path.name, what="team name")
+        self.team_bytes = self.team.encode()
+        self.inboxes = self.path / "inboxes"
+        self.agents = self.path / "agents"
+        self.durability: Durability = durability
+        # fixed for the team when it is created (team.json), so every process agrees on them
+        self.segment_bytes = segment_bytes or DEFAULT_SEGMENT_BYTES
+        self.max_envelope = max_envelope
+        self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
+        self.create = create
+        self.shared_group = _shared_from_env() if shared_group is None else shared_group
+        self.dir_mode = SHARED_DIR_MODE if self.shared_group else DIR_MODE
+        self.file_mode = SHARED_FILE_MODE if self.shared_group else FILE_MODE
+        self.needs_polling = not inotify.available()
+        self.blocking_commits = durability == "fsync"  # a plain commit is one pwrite
+        self._roster: tuple[str, ...] = ()
+        self._roster_mtime = -1
+        self._appenders: dict[str, Appender] = {}
+        self._watched: dict[str, int] = {}
+        self._inotify: inotify.Inotify | None = None
+        self._notify: Callable[[str], None] | None = None
+
+    def inbox_paths(self, name: str) -> InboxPaths:
+        return InboxPaths(self.inboxes, validate_name(name))
+
+    # -- the directory and the roster --
+
+    @property
+    def roster_path(self) -> Path:
+        return self.path / "team.json"
+
+    def check_directories(self) -> None:
+        """Refuse a team directory another user could have prepared or can write."""
+        check_directory(self.path, shared_group=self.shared_group, follow=True)
+        for directory in (self.inboxes, self.agents):
+            check_directory(directory, shared_group=self.shared_group)
+
+    def _mkdir(self, path: Path) -> None:
+        try:
+            path.mkdir(mode=self.dir_mode)
+        except FileExistsError:
+            return
+        if self.shared_group:
+            os.chmod(path, self.dir_mode)  # the umask may have taken the group bits
+
+    async def open(self, members: Sequence[str]) -> None:
+        for name in members:
+            validate_name(name)
+        try:
+            if not os.path.lexists(self.roster_path):  # noqa: ASYNC240 -- one stat, cold path
+                if not self.create:
+                    raise StoreError(errno.ENOENT, f"no team directory at {self.path}")
+                self.path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+                self._mkdir(self.path)
+            self.check_directories()
+            self._mkdir(self.inboxes)
+        except OSError as exc:
+            if isinstance(exc, StoreError):
+                raise
+            raise translate(exc, f"open team directory {self.path}") from None
+        self._update_roster(members)
+
+    def members(self, *, refresh: bool = False) -> tuple[str, ...]:
+        if refresh:
+            try:
+                mtime = self.roster_path.stat().st_mtime_ns
+            except FileNotFoundError:
+                return self._roster
+            if mtime != self._roster_mtime:
+                self._load_roster()
+        return self._roster
+
+    async def add_member(self, name: str) -> None:
+        validate_name(name)
+        if name not in self.members(refresh=True):
+            self._update_roster([name])
+
+    def _load_roster(self) -> dict[str, object]:
+        try:
+            fd = os.open(self.roster_path, O_READ)
+        except FileNotFoundError:
+            return {}
+        try:
+            with os.fdopen(fd, "rb") as f:
+                self._roster_mtime = os.fstat(f.fileno()).st_mtime_ns
+                data = json.loads(f.read())
+            members = tuple(validate_name(m) for m in data["members"])
+            segment_bytes = int(data.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
+            max_envelope = int(data.get("max_envelope", self.max_envelope))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(0, f"unreadable roster {self.roster_path}: {exc}") from None
+        self._roster = members
+        self.segment_bytes = segment_bytes
+        self.max_envelope = max_envelope  # the team's limit, for every sender and the owner
+        self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
+        return dict(data)
+
+    def _update_roster(self, add: Sequence[str]) -> None:
+        try:
+            self._update_roster_locked(add)
+        except OSError as exc:
+            if isinstance(exc, StoreError):
+                raise
+            raise translate(exc, f"register members of team {self.team!r}") from None
+
+    def _update_roster_locked(self, add: Sequence[str]) -> None:
+        """Add members under the roster lock (a cold path: a blocking flock is fine)."""
+        lock_fd = os.open(
+            self.path / "team.lock",
+            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+            self.file_mode,
+        )
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            data = self._load_roster() or {
+                "format": ROSTER_FORMAT,
+                "team": self.team,
+                "created_at": time.time(),
+                "segment_bytes": self.segment_bytes,
+                "max_envelope": self.max_envelope,
+                "members": [],
+            }
+            members = list(self._roster)
+            new = [m for m in dict.fromkeys(add) if m not in members]
+            for name in new:  # a missing log of an existing member is damage, not recreated
+                paths = InboxPaths(self.inboxes, name)
+                for path in (paths.log, paths.lock):
+                    touch(path, self.file_mode)
+            if not new and os.path.lexists(self.roster_path):
+                return
+            data["members"] = [*members, *new]
+            durable = self.durability == "fsync"
+            if durable:
+                fsync_dir(self.inboxes)
+            replace_file(
+                self.roster_path,
+                (json.dumps(data, indent=2) + "\n").encode(),
+                durable=durable,
+                mode=self.file_mode,
+            )
+            self._load_roster()
+        finally:
+            os.close(lock_fd)  # drops the flock; the lock file stays
+
+    # -- appending --
+
+    def _appender(self, recipient: str) -> Appender:
+        appender = self._appenders.get(recipient)
+        if appender is None:
+            validate_name(recipient, what="recipient")
+            if recipient not in self._roster and recipient not in self.members(refresh=True):
+                raise UnknownRecipient(
+                    f"no member {recipient!r} in team {self.team!r} "
+                    f"(members: {', '.join(self._roster) or 'none'})"
+                )
+            appender = self._appenders[recipient] = Appender(self, self.inbox_paths(recipient))
+        return appender
+
+    async def append(self, recipient: str, encoded: bytes) -> int:
+        return await self.append_many(recipient, (encoded,))
+
+    async def append_many(self, recipient: str, encoded: Sequence[bytes]) -> int:
+        if not encoded:
+            return -1
+        appender = self._appender(recipient)
+        if appender.busy:
+            await appender.take_turn()
+        else:
+            appender.busy = True
+        try:
+            if appender.try_lock():
+                try:
+                    seq = appender.append_locked(encoded)
+                finally:
+                    appender.unlock()
+            else:
+                seq = await anyio.to_thread.run_sync(appender.append_blocking, encoded)
+            ticket = appender.syncs.ticket() if self.durability == "fsync" else 0
+        finally:
+            appender.pass_turn()
+        if self.durability == "fsync":
+            await appender.syncs.wait(ticket)
+        return seq
+
+    # -- reading and watching --
+
+    def reader(self, name: str) -> FileReader:
+        paths = self.inbox_paths(name)  # validates the name first
+        if name not in self._roster and name not in self.members(refresh=True):
+            raise UnknownRecipient(f"no member {name!r} in team {self.team!r}")
+        return FileReader(self, paths)
+
+    def tail_reader(self, name: str) -> FileReader:
+        reader = self.reader(name)
+        paths = reader.paths
+        try:
+            reader.seek(Cursor(paths.active_index(), os.stat(paths.log).st_size))
+        except OSError as exc:
+            reader.close()
+            if isinstance(exc, StoreError):
+                raise
+            raise translate(exc, f"read {name}'s inbox") from None
+        return reader
+
+    async def watch(self, notify: Callable[[str], None], *, task_status: TaskStatus[None]) -> None:
+        if not inotify.available():
+            task_status.started()
+            return
+        self._notify = notify
+        self._inotify = watcher = inotify.Inotify()
+        try:
+            watcher.add_watch(
+                str(self.inboxes), inotify.IN_CREATE | inotify.IN_MOVED_TO, "", self._on_dir_event
+            )
+            for name in list(self._watched):
+                self._watch_file(name)
+            task_status.started()
+            await dispatch_forever(watcher, self._on_overflow)
+        finally:
+            self._inotify = None
+            watcher.close()
+
+    def watch_inbox(self, name: str) -> None:
+        self._watched.setdefault(name, -1)
+        if self._inotify is not None:
+            self._watch_file(name)
+
+    def _watch_file(self, name: str) -> None:
+        """Watch `name`'s active file; the watch of a file rotated away is removed (inotify
+        watches inodes, so it would otherwise stay until the process ends)."""
+        assert self._inotify is not None
+        assert self._notify is not None
+        paths = self.inbox_paths(name)
+        try:
+            wd = self._inotify.add_watch(str(paths.log), inotify.IN_MODIFY, name, self._notify)
+        except OSError:
+            return  # no such file (damage): the reader reports it, the rescan retries
+        old = self._watched.get(name, -1)
+        if old >= 0 and old != wd:
+            self._inotify.rm_watch(old)
+        self._watched[name] = wd
+
+    def _on_dir_event(self, filename: str) -> None:
+        name, _, rest = filename.partition(".")
+        if rest == "jsonl" and name in self._watched and self._notify is not None:
+            self._watch_file(name)  # a new active file after rotation
+            self._notify(name)
+
+    def _on_overflow(self) -> None:
+        if self._notify is not None:
+            for name in self._watched:
+                self._notify(name)
+
+    def watch_count(self) -> int:
+        """Inotify watches this store holds (one per inbox it reads, plus the directory)."""
+        return 0 if self._inotify is None else self._inotify.count()
+
+    # -- leases --
+
+    def _lock_member(self, name: str, holder: str) -> object:
+        """An flock on `agents/<name>.lease`, held for as long as the member runs; the file
+        names the holder (pid and incarnation) for the error the next claimant sees."""
+        validate_name(name)
+        if name not in self._roster and name not in self.members(refresh=True):
+            raise UnknownRecipient(f"no member {name!r} in team {self.team!r}")
+        try:
+            self._mkdir(self.agents)
+            check_directory(self.agents, shared_group=self.shared_group)
+            fd = os.open(
+                self.agents / f"{validate_name(name)}.lease",
+                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                self.file_mode,
+            )
+        except OSError as exc:
+            if isinstance(exc, StoreError):
+                raise
+            raise translate(exc, f"take {name}'s lease") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            current = os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown holder"
+            os.close(fd)
+            raise MemberBusy(
+                f"member {name!r} of team {self.team!r} is already running ({current})"
+            ) from None
+        self._describe_holder(fd, holder)
+        return fd
+
+    def _describe_holder(self, token: object, holder: str) -> None:
+        assert isinstance(token, int)
+        with contextlib.suppress(OSError):  # only a description: a full disk must not stop us
+            os.ftruncate(token, 0)
+            os.pwrite(token, f"{holder}\n".encode(), 0)
+
+    def _unlock_member(self, token: object) -> None:
+        assert isinstance(token, int)
+        os.ftruncate(token, 0)
+        os.close(token)  # closing drops the flock; the file stays
+
+    async def close(self) -> None:
+        for appender in self._appenders.values():
+            appender.close()
+        self._appenders.clear()
+
+    def statistics(self) -> dict[str, int]:
+        """Torn tails this process sealed, per inbox it wrote to."""
+        return {name: a.sealed for name, a in self._appenders.items()}
+
+    def descriptors(self) -> int:
+        """Descriptors this store's writers hold (for tests and `teamrt bench`)."""
+        return sum(2 + len(a._retired) for a in self._appenders.values())
