@@ -44,8 +44,8 @@ async def _send(args: argparse.Namespace) -> int:
             envelope = Envelope.request(
                 args.sender, args.to, body, type=args.type or "request", timeout=args.wait
             )
-            if args.wait is not None:
-                response = await mail.request(envelope, timeout=args.wait)
+            if args.wait is not None:  # watch for the answer; the sender's inbox is not consumed
+                response = await mail.request(envelope, timeout=args.wait, consume=False)
                 print(response.model_dump_json())
                 return 0
         else:
@@ -218,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait",
         type=float,
         metavar="SECONDS",
-        help="for --kind request: wait this long for the response and print it",
+        help="for --kind request: wait this long for the response and print it (the answer "
+        "is read without consuming the sender's inbox: its owner, if running, gets it too)",
     )
     send.add_argument("--durability", default="none", choices=["none", "fsync"])
     send.set_defaults(run=_send, is_async=True)
