@@ -188,7 +188,7 @@ def test_bench_smoke_emits_every_figure(tmp_path: Path) -> None:
 
 def test_help_describes_every_command() -> None:
     result = teamrt("--help")
-    for command in ("send", "inspect", "bench", "demo"):
+    for command in ("send", "inspect", "repair", "bench", "demo"):
         assert command in result.stdout
     assert "--durability" in teamrt("send", "--help").stdout
 

@@ -1,4 +1,4 @@
-"""The `teamrt` command: send, inspect, replay, rerun, bench, run-agent, demo."""
+"""The `teamrt` command: send, inspect, repair, replay, rerun, bench, run-agent, demo."""
 
 from __future__ import annotations
 
@@ -97,6 +97,18 @@ def _inspect(args: argparse.Namespace) -> int:
             )
         )
         print(f"{agent['name']:10}  {agent['running'] or 'no':47}  {last}")
+    return 0
+
+
+def _repair(args: argparse.Namespace) -> int:
+    from teamrt.mail.filestore.repair import repair_team
+
+    reports = repair_team(args.dir, args.inbox)
+    if args.json:
+        print(json.dumps([r.to_json_dict() for r in reports], indent=2))
+    else:
+        for report in reports:
+            print("\n".join(report.lines()))
     return 0
 
 
@@ -233,6 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("dir", help="team directory")
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
     inspect.set_defaults(run=_inspect, is_async=False)
+
+    repair = commands.add_parser(
+        "repair",
+        help="bring damaged inboxes back to their last good position",
+        description="Finishes an interrupted rotation, recreates a missing active log, seals a "
+        "torn last line, and moves a cursor that no longer matches its log (truncated, "
+        "replaced, deleted, or with no valid slot) back to the last position it can prove was "
+        "handled. Reports what it changed and what cannot be delivered. Takes the member's "
+        "lease: stop the inbox's owner first.",
+    )
+    repair.add_argument("dir", help="team directory")
+    repair.add_argument("--inbox", help="only this member's inbox (default: every member's)")
+    repair.add_argument("--json", action="store_true", help="print one JSON list")
+    repair.set_defaults(run=_repair, is_async=False)
 
     replay = commands.add_parser(
         "replay",

@@ -27,7 +27,9 @@ FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
 def translate(exc: OSError, what: str) -> StoreError:
-    """The one place OSErrors become teamrt errors."""
+    """The one place OSErrors become teamrt errors (a teamrt error passes through as is)."""
+    if isinstance(exc, StoreError):
+        return exc
     if exc.errno in FULL_ERRNOS:
         return DiskFull(exc.errno, f"{what}: {os.strerror(exc.errno)}; nothing was written")
     if exc.errno == errno.ELOOP:
