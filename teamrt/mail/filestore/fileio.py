@@ -63,7 +63,10 @@ def create_exclusive(path: Path, mode: int = FILE_MODE, *, append: bool = False)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-    return os.open(path, flags | os.O_APPEND if append else flags, mode)
+    fd = os.open(path, flags | os.O_APPEND if append else flags, mode)
+    if mode != FILE_MODE:
+        os.fchmod(fd, mode)  # a shared team's files must be group-writable whatever the umask
+    return fd
 
 
 def replace_file(path: Path, data: bytes, *, durable: bool, mode: int = FILE_MODE) -> None:
@@ -85,7 +88,12 @@ def replace_file(path: Path, data: bytes, *, durable: bool, mode: int = FILE_MOD
 
 def touch(path: Path, mode: int = FILE_MODE) -> None:
     """Create `path` if missing (never through a link)."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        if mode != FILE_MODE:
+            os.fchmod(fd, mode)  # a shared team's files must be group-writable
+    finally:
+        os.close(fd)
 
 
 def check_directory(path: Path, *, shared_group: bool, follow: bool = False) -> None:

@@ -362,9 +362,9 @@ class FileStore(Store):
                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
                 self.file_mode,
             )
+            if self.shared_group:
+                os.fchmod(fd, self.file_mode)
         except OSError as exc:
-            if isinstance(exc, StoreError):
-                raise
             raise translate(exc, f"take {name}'s lease") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
