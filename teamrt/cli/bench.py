@@ -747,6 +747,38 @@ class Bench:
         return elapsed
 
 
+async def _ack_cost(team: Path, held: int, probe: int) -> float:
+    """Microseconds per awaited ack once `held` acks wait behind one unacked envelope."""
+    async with FileMailboxes(team, members=MEMBERS) as mail:
+        await mail.send_many(_envelopes(held + probe + 1))
+        inbox = mail.inbox("sink")
+        got = [inbox.receive_nowait() for _ in range(held + probe + 1)]
+        inbox.ack_nowait(*got[1 : held + 1])  # the first stays unacked: a gap ahead of them all
+        await inbox.flush()
+        start = time.perf_counter()
+        for envelope in got[held + 1 :]:
+            await inbox.ack(envelope)  # one cursor commit each
+        return (time.perf_counter() - start) / probe * 1e6
+
+
+async def ack_costs(bench: Bench) -> None:
+    """Per-ack cost with 2,000 vs 20,000 acks held behind one unacked envelope (flat)."""
+    small, large = (200, 2000) if bench.sizes.sends < 1000 else (2000, 20000)
+    probe = 100 if bench.sizes.sends < 1000 else 1000
+    costs = {n: await _ack_cost(bench.root / f"acks-{n}", n, probe) for n in (small, large)}
+    bench.add(
+        Figure(
+            f"ack with {large:,} acks held behind one unacked envelope",
+            costs[large],
+            "us",
+            f"same with {small:,} held",
+            costs[small],
+            "within 2x",
+            costs[large] <= 2 * costs[small],
+        )
+    )
+
+
 class _StampedModel(ScriptedModel):
     """A scripted model that notes when each call starts: the gaps are the loop's own cost."""
 
@@ -853,6 +885,7 @@ async def _run(root: Path, sizes: Sizes, only: str | None) -> list[Figure]:
         ("agent", bench.agent_loop),
         ("team", bench.teams),
         ("replay", bench.replay),
+        ("acks", lambda: ack_costs(bench)),
     ]
     for name, step in steps:
         if only is None or name == only or (only == "contention" and name == "sends"):

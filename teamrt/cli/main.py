@@ -318,15 +318,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure mailboxes, the agent loop, teams and replay against baselines",
         description="Measures sends, contention, group commit, round trips, wake-ups, pick-up "
         "and drain at depth, the agent loop's cost per step, idle teammates and wake-ups among "
-        "many, and replay throughput and memory; prints each figure beside a baseline measured "
-        "in the same run, with the ratio and the target.",
+        "many, replay throughput and memory, and the cost of an ack with many acks held "
+        "behind an unacked envelope; prints each figure beside a baseline measured in the same "
+        "run, with the ratio and the target.",
     )
     bench.add_argument("--quick", action="store_true", help="smaller sizes (depth 100k, not 1M)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--dir", help="where to put scratch teams (default: a temp dir)")
     bench.add_argument(
         "--only",
-        choices=["sends", "contention", "round_trips", "wakes", "depth", "agent", "team", "replay"],
+        choices=[
+            *("sends", "contention", "round_trips", "wakes", "depth", "agent", "team", "replay"),
+            "acks",
+        ],
         help="run one group of measurements",
     )
     bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
