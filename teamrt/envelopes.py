@@ -108,8 +108,9 @@ def validate_body(type_name: str, body: Any) -> None:
 
 def _refuse_constant(name: str) -> Any:
     raise InvalidEnvelope(
-        f"the body holds {name}, which JSON cannot carry (it would arrive as null or not at "
-        "all); send a finite number, a string or null instead; nothing was sent"
+        f"the envelope holds {name} (in its body, ts or deadline), which JSON cannot carry (it "
+        "would arrive as null or not at all); use a finite number, a string or null; nothing "
+        "was sent"
     )
 
 

@@ -540,7 +540,10 @@ class Mailboxes:
             return
         if not delivered:
             raise failed[0][1]  # nothing was written anywhere: the store's own error says so
-        missed = ", ".join(f"{member} ({exc.strerror or exc})" for member, exc in failed)
+        missed = ", ".join(
+            f"{member} ({str(exc.strerror or exc).removesuffix('; nothing was written')})"
+            for member, exc in failed
+        )
         raise PartialBroadcast(
             f"broadcast {envelope.id} from {envelope.sender} reached {', '.join(delivered)} "
             f"but not {missed}; it is in the inboxes of those it reached",
