@@ -1,11 +1,12 @@
 """One agent's loop: state, limits and budgets, tools, memory, messaging and reports."""
 
+from teamrt.agents.delegate import delegate_tool
 from teamrt.agents.limits import PRICES, PRICES_DATE, Limits, cost_of
-from teamrt.agents.loop import Agent, Answer, CallTools, Malformed, decide
-from teamrt.agents.memory import Memory
+from teamrt.agents.loop import Agent, Answer, CallTools, Inbound, Malformed, decide
+from teamrt.agents.memory import Compacted, Memory
 from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.state import AgentState, RunReport, Stop
-from teamrt.agents.tools import Tool, Toolbox, ToolResult, tool
+from teamrt.agents.tools import Tool, Toolbox, ToolResult, current_call_id, tool
 
 __all__ = [
     "PRICES",
@@ -14,6 +15,8 @@ __all__ = [
     "AgentState",
     "Answer",
     "CallTools",
+    "Compacted",
+    "Inbound",
     "Limits",
     "Malformed",
     "Memory",
@@ -23,7 +26,9 @@ __all__ = [
     "ToolResult",
     "Toolbox",
     "cost_of",
+    "current_call_id",
     "decide",
+    "delegate_tool",
     "messaging_tools",
     "tool",
 ]

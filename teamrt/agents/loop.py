@@ -31,7 +31,7 @@ import anyio
 from teamrt.agents.journal import Journal, Transcript
 from teamrt.agents.limits import PRICES, Limits, cost_of
 from teamrt.agents.memory import Memory, context_tokens
-from teamrt.agents.state import AgentState, OpenStep, RunReport, Stop
+from teamrt.agents.state import HANDLED_MEMORY, AgentState, OpenStep, RunReport, Stop
 from teamrt.agents.tools import Tool, Toolbox, ToolResult
 from teamrt.errors import LimitExceeded, ModelError, StopRequested, UsageError
 from teamrt.models.base import ChatMessage, Model, ModelReply, ToolCall, Usage, message_tokens
@@ -260,24 +260,26 @@ class Agent:
     def _begin(self, task: str, task_id: str | None) -> AgentState:
         last = self.state
         handled = list(last.handled) if last is not None else []
-        if last is not None and last.task_id is not None:
+        if last is not None and last.task_id is not None and last.task_id not in handled:
             handled.append(last.task_id)  # a redelivery of it is recognised, not run again
         previous = last if self.keep_context else None
         if previous is None:
             messages = [ChatMessage.system(self.instructions)] if self.instructions else []
-            pinned, tasks = len(messages), 1
+            pinned, tasks, tokens = len(messages), 1, context_tokens(messages)
             if self.transcript is not None:
                 self.transcript.reset()
         else:
             messages = _closed(previous)
             pinned, tasks = previous.pinned, previous.tasks + 1
+            tokens = previous.context_tokens + context_tokens(messages[len(previous.messages) :])
         index = None
         if task:
             index = len(messages)
             messages.append(ChatMessage.user(task))
+            tokens += message_tokens(messages[-1])
             if previous is None:
                 pinned = len(messages)  # a one-task conversation pins its task
-        state = AgentState(
+        return AgentState(
             agent=self.name,
             task=task,
             task_id=task_id,
@@ -285,10 +287,9 @@ class Agent:
             tasks=tasks,
             messages=messages,
             pinned=pinned,
-            context_tokens=context_tokens(messages),
+            handled=handled[-HANDLED_MEMORY:],
+            context_tokens=tokens,
         )
-        state.remember_handled(handled)
-        return state
 
     # -- the loop --
 

@@ -88,8 +88,12 @@ class AgentState(BaseModel):
 
     def remember_handled(self, ids: list[str]) -> None:
         """Remember inputs (envelope ids) as taken in, so a redelivery is recognised."""
+        if not ids:
+            return
+        known = set(self.handled)
         for id_ in ids:
-            if id_ not in self.handled:
+            if id_ not in known:
+                known.add(id_)
                 self.handled.append(id_)
         if len(self.handled) > HANDLED_MEMORY:
             del self.handled[: len(self.handled) - HANDLED_MEMORY]

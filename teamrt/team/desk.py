@@ -9,8 +9,11 @@ to the model. When an incarnation ends, whatever the desk still holds goes back 
 (`Inbox.release`), so the next incarnation sees it; a process that dies never acked it, so the
 next process reads it again from the committed cursor.
 
-Reading is bounded: at most `max_buffered` pieces of mail are held in memory (the rest stays in
-the log, and the model is told that more is waiting), and a long read yields to the event loop.
+The desk reads all the time (`listen`, a task beside the runner's, so a task that overflows
+the queue is refused at once even while the teammate works, and a shutdown is known at once), and
+also on demand (`drain`, at step boundaries). Reading is bounded: at most `max_buffered` pieces of
+mail are held in memory (the rest stays in the log, and the model is told that more is waiting),
+and a long read yields to the event loop.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import anyio
 import anyio.lowlevel
 
 from teamrt.envelopes import Envelope, Request
-from teamrt.errors import MailboxClosed, ReceiveTimeout, UsageError
+from teamrt.errors import MailboxClosed, UsageError
 from teamrt.mail.mailboxes import Inbox, Mailboxes
 from teamrt.team.protocol import (
     BUSY,
@@ -56,6 +59,7 @@ class Desk:
         seen: Callable[[str], bool] = lambda _id: False,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         clock: Callable[[], float] = time.time,
+        on_queue: Callable[[int], None] = lambda _n: None,
     ) -> None:
         self.mail, self.me, self.incarnation = mail, me, incarnation
         self.inbox: Inbox = mail.inbox(me)
@@ -70,7 +74,9 @@ class Desk:
         self._seen, self._clock = seen, clock
         self._held: dict[str, Envelope] = {}  # everything kept and not acked, in arrival order
         self._shown: list[Envelope] = []  # shown to the model, waiting for the journal
-        self._lock = anyio.Lock()
+        self._changed = anyio.Event()  # something was sorted
+        self._space = anyio.Event()  # the mail buffer has room again
+        self._on_queue = on_queue
         self.refused = 0  # tasks answered Busy or Expired
 
     # -- reading --
@@ -80,34 +86,42 @@ class Desk:
         """True when the desk holds as much mail as it may: the rest stays in the log."""
         return len(self.letters) >= self.max_buffered
 
+    async def listen(self) -> None:
+        """Read and sort the inbox as envelopes arrive, until cancelled (pausing while the
+        mail buffer is full)."""
+        while True:
+            while self.full:
+                space = self._space = anyio.Event()
+                await space.wait()
+            envelope = await self.inbox.receive()
+            await self._sort(envelope)
+            await self.drain()
+
     async def drain(self) -> None:
-        """Read and sort whatever is in the inbox now (up to the mail buffer's size)."""
-        async with self._lock:
-            read = 0
-            while not self.full:
-                try:
-                    envelope = self.inbox.receive_nowait()
-                except anyio.WouldBlock:
-                    return
-                await self._sort(envelope)
-                read += 1
-                if read % _YIELD_EVERY == 0:
-                    # a big backlog must not starve the other agents
-                    await anyio.lowlevel.checkpoint()
+        """Read and sort whatever is in the inbox now (up to the mail buffer's size).
+
+        Always yields once: a teammate working through a backlog step after step must let the
+        other agents of the process run."""
+        await anyio.lowlevel.checkpoint()
+        read = 0
+        while not self.full:
+            try:
+                envelope = self.inbox.receive_nowait()
+            except anyio.WouldBlock:
+                return
+            await self._sort(envelope)
+            read += 1
+            if read % _YIELD_EVERY == 0:
+                # a big backlog must not starve the other agents
+                await anyio.lowlevel.checkpoint()
 
     async def wait(self, timeout: float | None = None) -> bool:
-        """Wait until something arrives and sort it (and what came with it); False if
-        `timeout` seconds passed first. Returns at once when the mail buffer is full."""
-        if self.full:
+        """Wait until something new is sorted; False if `timeout` seconds passed first."""
+        changed = self._changed
+        with anyio.move_on_after(timeout if timeout is not None else math.inf):
+            await changed.wait()
             return True
-        async with self._lock:
-            try:
-                envelope = await self.inbox.receive(timeout=timeout)
-            except ReceiveTimeout:
-                return False
-            await self._sort(envelope)
-        await self.drain()
-        return True
+        return False
 
     async def wait_for_letters(self, timeout: float, limit: int) -> list[Envelope]:
         """What `wait_for_messages` gets: conversation mail only, up to `limit`, waiting up to
@@ -120,6 +134,11 @@ class Desk:
                 break
         return self.show(limit)
 
+    def _sorted(self) -> None:
+        self._on_queue(len(self.tasks))
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
     async def _sort(self, envelope: Envelope) -> None:
         if self._seen(envelope.id):  # handled by an earlier incarnation, before its ack
             self.inbox.ack_nowait(envelope)
@@ -131,6 +150,7 @@ class Desk:
         else:
             self._held[envelope.id] = envelope
             self.letters.append(envelope)
+        self._sorted()
 
     async def _take_shutdown(self, request: Request) -> None:
         self.inbox.ack_nowait(request)
@@ -194,6 +214,8 @@ class Desk:
         journal holds the step that showed them (`recorded`)."""
         batch = [self.letters.popleft() for _ in range(min(limit, len(self.letters)))]
         self._shown.extend(batch)
+        if batch and not self.full:
+            self._space.set()
         return batch
 
     def handled(self) -> list[str]:

@@ -81,6 +81,7 @@ class Runner:
             max_queue=teammate.max_queue,
             wake_on=teammate.wake_on,
             seen=self._seen.__contains__,
+            on_queue=lambda n: setattr(status, "queued", n),
         )
         self.agent: Agent | None = None
         self.current: Request | None = None
@@ -104,15 +105,16 @@ class Runner:
         ready()
         resume_round = interrupted is not None and interrupted.startswith(ROUND)
         while self.desk.shutdown is None:
-            self.status.queued = len(self.desk.tasks)
             if self.desk.tasks:
-                await self._work(self.desk.tasks.popleft())
+                task = self.desk.tasks.popleft()
+                self.status.queued = len(self.desk.tasks)
+                await self._work(task)
             elif resume_round or self.desk.wakes() or self.desk.full:
                 await self._round(resume=resume_round)
                 resume_round = False
+            elif self.status.state != "idle":
+                await self._announce()  # then look again: mail may have come meanwhile
             else:
-                if self.status.state != "idle":
-                    await self._announce()
                 await self.desk.wait()
         await self.mail.send(
             Envelope.response(
@@ -188,7 +190,6 @@ class Runner:
     async def before_step(self, state: AgentState) -> list[ChatMessage]:
         self.status.step = state.steps
         await self.desk.drain()
-        self.status.queued = len(self.desk.tasks)
         if self.desk.shutdown is not None:
             raise StopRequested(f"shutdown requested by {self.desk.shutdown.sender}")
         more_unread = self.desk.full

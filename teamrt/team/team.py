@@ -285,10 +285,14 @@ class Team:
                 try:
                     runner = Runner(self, teammate, incarnation, status, carried, attempts)
                     try:
-                        await runner.serve(ready)
+                        async with anyio.create_task_group() as incarnation_tasks:
+                            incarnation_tasks.start_soon(runner.desk.listen)
+                            await runner.serve(ready)
+                            incarnation_tasks.cancel_scope.cancel()
                         status.state = "stopped"
                         return
-                    except Exception as exc:  # a crash: reported below, never swallowed
+                    except Exception as group:  # a crash: reported below, never swallowed
+                        exc = _sole(group)
                         restarting = policy.on_failure and status.restarts < policy.max_restarts
                         await runner.report_crash(exc, restarting)
                         status.state = "restarting" if restarting else "crashed"
@@ -304,3 +308,13 @@ class Team:
                 status.restarts += 1
         if status.state not in ("stopped", "crashed"):
             status.state = "stopped"
+
+
+def _sole(exc: Exception) -> Exception:
+    """The exception inside task-group wrapping, when there is exactly one."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        inner = exc.exceptions[0]
+        if not isinstance(inner, Exception):
+            break
+        exc = inner
+    return exc
