@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import os
 import time
 from collections import OrderedDict
@@ -114,13 +115,19 @@ class _Recent:
         return True
 
 
+def _finite(value: Any) -> float:
+    """A timestamp to sort by: any number is taken (as shown), a missing or non-finite one is 0."""
+    ts = float(value or 0.0)
+    return ts if math.isfinite(ts) else 0.0
+
+
 def _event(inbox: str, segment: int, offset: int, line: bytes) -> Event:
     try:
         data = pydantic_core.from_json(line)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         return Event(
-            ts=float(data.get("ts") or 0.0),
+            ts=_finite(data.get("ts")),
             inbox=inbox,
             segment=segment,
             offset=offset,
@@ -170,9 +177,13 @@ def read_inbox(
 def members(team_dir: Path) -> list[str]:
     try:
         roster = json.loads((team_dir / "team.json").read_text())
+        return [str(m) for m in roster.get("members", [])]
     except FileNotFoundError:
         raise StoreError(2, f"no team at {team_dir} (team.json is missing)") from None
-    return [str(m) for m in roster.get("members", [])]
+    except OSError as exc:
+        raise StoreError(exc.errno or 0, f"read {team_dir / 'team.json'}: {exc.strerror}") from None
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise StoreError(0, f"unreadable roster {team_dir / 'team.json'}: {exc}") from None
 
 
 def _inbox_stream(

@@ -239,3 +239,49 @@ def test_the_recorded_conductor_sample_replays() -> None:
     assert any(e.type == "task" and e.recipient.startswith("builder") for e in events)
     state = (SAMPLE.parent / "conductor-team" / "conductor" / "state.json").read_text()
     assert '"outcome": "accepted"' in state
+
+
+@pytest.mark.parametrize("ts", [1e12, -1e12, 1e300, 0.0, -1.0])
+async def test_any_timestamp_replays_without_crashing(tmp_path: Path, ts: float) -> None:
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=["lead", "worker"]) as mail:
+        await mail.send(at(Envelope.message("lead", "worker", "odd time"), 0, ts=ts))
+        await mail.send(at(Envelope.message("lead", "worker", "normal"), 1.0))
+    for fmt in ("text", "json", "mermaid", "html"):
+        out = io.StringIO()
+        assert (
+            run_replay(str(team), fmt=fmt, keep=Filter(), follow=False, colour="never", out=out)
+            == 0
+        )
+        assert "normal" in out.getvalue()
+
+
+async def test_text_replay_escapes_control_characters(tmp_path: Path) -> None:
+    team = tmp_path / "t"
+    nasty = "\x1b]0;pwned\x07\x1b[2J\x1b[31mred\u202eevil\r\nnext"
+    async with FileMailboxes(team, members=["lead", "worker"]) as mail:
+        await mail.send(Envelope.message("lead", "worker", nasty, type="text"))
+        await mail.send(Envelope.message("lead", "worker", {"k": nasty}))
+        await mail.send(Envelope.request("lead", "worker", nasty, type="t\x1bx"))
+    for fmt in ("text", "mermaid"):
+        out = io.StringIO()
+        run_replay(str(team), fmt=fmt, keep=Filter(), follow=False, colour="never", out=out)
+        text = out.getvalue()
+        for raw in ("\x1b", "\x07", "\r", "\u202e"):
+            assert raw not in text
+    assert "\\x1b]0;pwned\\x07" in text or "\\x1b" in text
+
+
+def test_a_bad_time_or_roster_is_a_teamrt_error(tmp_path: Path) -> None:
+    from teamrt.errors import StoreError, UsageError
+    from teamrt.mail.inspect import inspect_team
+    from teamrt.replay import members
+
+    with pytest.raises(UsageError, match="not a time"):
+        parse_time("yesterday-ish")
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "team.json").write_text("{not json")
+    with pytest.raises(StoreError, match="unreadable"):
+        members(tmp_path / "t")
+    with pytest.raises(StoreError, match="unreadable"):
+        inspect_team(tmp_path / "t")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import sys
 import time
 from collections.abc import Iterable
@@ -12,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from teamrt.errors import UsageError
 from teamrt.mail.filestore import InboxPaths
 from teamrt.mail.log import LineSplitter
 from teamrt.replay import Event, Filter, Summary, _event, members, select, timeline
@@ -19,13 +21,27 @@ from teamrt.replay import Event, Filter, Summary, _event, members, select, timel
 _COLOURS = [31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96]
 
 
+# C0 and C1 controls (ESC starts terminal escape sequences), DEL, and the bidirectional overrides
+# that can make a line read differently from what it holds: shown as escapes, never sent raw
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: object) -> str:
+    """`text` with every control character shown as an escape (`\\x1b`, `\\u202e`)."""
+    return _UNSAFE.sub(lambda m: ascii(m.group())[1:-1], str(text))
+
+
 def _clock(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+    """The time of day of `ts`, or the number itself when it is no time a clock can show."""
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+    except (ValueError, OverflowError, OSError):
+        return f"{ts:<12.6g}"[:12]
 
 
 def _fold(body: Any, width: int = 80) -> str:
-    text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-    text = " ".join(str(text).split())
+    text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False, default=str)
+    text = safe(" ".join(str(text).split()))
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -37,6 +53,7 @@ class Text:
         self._colours: dict[str, int] = {}
 
     def _name(self, name: str) -> str:
+        name = safe(name)
         if not self.colour:
             return name
         code = self._colours.setdefault(name, _COLOURS[len(self._colours) % len(_COLOURS)])
@@ -46,7 +63,7 @@ class Text:
         if e.kind == "corrupt":
             self.out.write(
                 f"{'?':12}  {e.inbox}'s inbox, segment {e.segment} offset {e.offset}:"
-                f" undecodable ({e.reason})\n"
+                f" undecodable ({safe(e.reason)})\n"
             )
             return
         flags = f" [{', '.join(e.flags)}]" if e.flags else ""
@@ -54,7 +71,7 @@ class Text:
         pad = " " * max(0, 10 - len(e.sender))
         self.out.write(
             f"{_clock(e.ts)}  {pad}{self._name(e.sender)} -> "
-            f"{self._name(e.recipient):10} {e.kind:9} {e.type:16}"
+            f"{self._name(e.recipient):10} {safe(e.kind):9} {safe(e.type):16}"
             f"{latency}{flags}  {_fold(e.body)}\n"
         )
 
@@ -74,7 +91,8 @@ class Text:
         )
         for e in summary.unanswered[:20]:
             self.out.write(
-                f"  unanswered: {e.id} {e.sender} -> {e.recipient} {e.type} "
+                f"  unanswered: {safe(e.id)} {safe(e.sender)} -> {safe(e.recipient)} "
+                f"{safe(e.type)} "
                 f"[{', '.join(e.flags)}] {_fold(e.body, 60)}\n"
             )
 
@@ -117,11 +135,11 @@ class Mermaid:
         self._participants: set[str] = set()
 
     def _participant(self, name: str) -> str:
-        safe = "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "unknown"
-        if safe not in self._participants:
-            self._participants.add(safe)
-            self.out.write(f"    participant {safe} as {name}\n")
-        return safe
+        ident = "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "unknown"
+        if ident not in self._participants:
+            self._participants.add(ident)
+            self.out.write(f"    participant {ident} as {safe(name)}\n")
+        return ident
 
     def event(self, e: Event) -> None:
         if e.kind == "corrupt":
@@ -130,14 +148,14 @@ class Mermaid:
             return
         a, b = self._participant(e.sender), self._participant(e.recipient)
         arrow = "-->>" if e.kind == "response" else "->>"
-        label = _fold(f"{e.type}: {_fold(e.body, 40)}", 60).replace(";", ",").replace("#", "")
+        label = _fold(f"{safe(e.type)}: {_fold(e.body, 40)}", 60).replace(";", ",").replace("#", "")
         flags = f" [{', '.join(e.flags)}]" if e.flags else ""
-        self.out.write(f"    {a}{arrow}{b}: {label}{flags}\n")
+        self.out.write(f"    {a}{arrow}{b}: {safe(label)}{flags}\n")
 
     def end(self, summary: Summary) -> None:
         for e in summary.unanswered:
             who = self._participant(e.recipient)
-            self.out.write(f"    Note over {who}: unanswered {e.type} {e.id[-8:]}\n")
+            self.out.write(f"    Note over {who}: unanswered {safe(e.type)} {safe(e.id[-8:])}\n")
 
 
 HTML_HEAD = """<!doctype html>
@@ -317,7 +335,12 @@ def parse_time(value: str | None) -> float | None:
     try:
         return float(value)
     except ValueError:
-        moment = datetime.fromisoformat(value)
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise UsageError(
+                f"not a time: {value!r} (use seconds since the epoch or an ISO 8601 time)"
+            ) from None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
         return moment.timestamp()

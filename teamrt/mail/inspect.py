@@ -49,6 +49,17 @@ def _records(paths: InboxPaths) -> Iterator[tuple[int, Record | Corrupt]]:
 
 def inspect_team(path: str | Path) -> TeamReport:
     """Read a team directory and summarise every inbox."""
+    try:
+        return _inspect_team(path)
+    except OSError as exc:
+        if isinstance(exc, StoreError):
+            raise
+        raise StoreError(exc.errno or 0, f"inspect {path}: {exc.strerror or exc}") from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise StoreError(0, f"inspect {path}: unreadable team.json: {exc}") from None
+
+
+def _inspect_team(path: str | Path) -> TeamReport:
     root = Path(path)
     try:
         roster = json.loads((root / "team.json").read_text())
@@ -63,6 +74,7 @@ def inspect_team(path: str | Path) -> TeamReport:
         paths = InboxPaths(inbox_dir, name)
         cursor = read_cursor(paths.cursor)[0]
         acked = set(cursor.acked)
+        ahead = cursor.ahead
         report = InboxReport(name, segments=len(paths.segments()))
         report.bytes = sum(p.stat().st_size for p in paths.segments() if p.exists())
         for segment, item in _records(paths):
@@ -73,7 +85,12 @@ def inspect_team(path: str | Path) -> TeamReport:
             envelope = item.envelope
             report.depth += 1
             report.last_seq = max(report.last_seq, envelope.seq or 0)
-            if (segment, item.end) > (cursor.segment, cursor.offset) and envelope.id not in acked:
+            position = (segment, item.end)
+            if (
+                position > (cursor.segment, cursor.offset)
+                and envelope.id not in acked
+                and not any(r[:2] < position <= r[2:] for r in ahead)
+            ):
                 report.lag += 1
             if envelope.kind == "request":
                 requests[envelope.id] = (name, envelope.id)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from teamrt.errors import StoreError
 from teamrt.mail.log import Frame, LineSplitter
 
 READ_CHUNK = 256 << 10  # small reads keep few decoded envelopes alive (GC cost)
@@ -24,6 +25,10 @@ def same_file(a: Path, b: Path) -> bool:
     except FileNotFoundError:
         return False
     return (sa.st_ino, sa.st_dev) == (sb.st_ino, sb.st_dev)
+
+
+def _read_error(path: Path, exc: OSError) -> StoreError:
+    return StoreError(exc.errno or 0, f"read {path}: {exc.strerror or exc}")
 
 
 @dataclass(frozen=True)
@@ -92,11 +97,21 @@ class InboxPaths:
         for index, segment in enumerate(self.segments()):
             splitter = LineSplitter()
             try:
-                f = segment.open("rb")
+                f = open(segment, "rb")  # noqa: SIM115 -- closed below, around the yields
             except FileNotFoundError:
                 continue
+            except OSError as exc:
+                raise _read_error(segment, exc) from None
             with f:
-                while chunk := f.read(READ_CHUNK):
+                while True:
+                    try:
+                        chunk = f.read(READ_CHUNK)
+                    except OSError as exc:
+                        raise StoreError(
+                            exc.errno or 0, f"read {segment}: {exc.strerror}"
+                        ) from None
+                    if not chunk:
+                        break
                     for frame in splitter.feed(chunk):
                         yield index, frame
             if positions is not None:

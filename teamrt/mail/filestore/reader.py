@@ -86,7 +86,10 @@ class FileReader(InboxReader):
         self.fd = -1
         self.ino = 0
         self.decoder = LineSplitter(max_line=store.max_line)
-        self._quarantined_upto = self._last_quarantined()
+        try:
+            self._quarantined_upto = self._last_quarantined()
+        except OSError as exc:
+            raise translate(exc, f"read {paths.quarantine}") from None
         self._cursor_gen = 0
         self._slot_size = CURSOR_SLOT
         self._cursor_fd = -1
@@ -183,6 +186,12 @@ class FileReader(InboxReader):
             return False  # the log was deleted: the next read reports it
 
     def read(self) -> tuple[int, list[Frame]]:
+        try:
+            return self._read()
+        except OSError as exc:
+            raise translate(exc, f"read {self.paths.name}'s inbox") from None
+
+    def _read(self) -> tuple[int, list[Frame]]:
         offset = self.decoder.offset
         st = os.fstat(self.fd)
         size = st.st_size
@@ -209,7 +218,7 @@ class FileReader(InboxReader):
         self._open_segment(segment + 1)
         if leftover is not None:  # rotation seals torn tails: only hand-edited files get here
             return segment, [leftover]
-        return self.read()
+        return self._read()
 
     def has_new(self) -> bool:
         """Never raises (it runs in the background rescan): trouble is reported by `read`."""
