@@ -381,6 +381,8 @@ class Inbox:
     def _pump(self) -> None:
         """Read everything there is, so that responses reach their requests; envelopes for
         `receive` wait in order in the ready queue."""
+        if self._lease is None and not self._store.lease_held(self.name):
+            self._check_lease()
         queued = False
         while (envelope := self._next()) is not None:
             self._ready.append(envelope)

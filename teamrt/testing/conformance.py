@@ -15,6 +15,7 @@ raw bytes to an inbox, bypassing the store (to test corrupt input).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from pydantic import BaseModel
 from teamrt.envelopes import Envelope, Request, register_payload
 from teamrt.errors import (
     EnvelopeTooLarge,
+    InvalidEnvelope,
     InvalidName,
     MailboxClosed,
     PayloadError,
@@ -348,3 +350,63 @@ class MailboxConformance:
             await mail.send(Envelope.message("lead", "worker", "late"))
         with pytest.raises(MailboxClosed):
             inbox.receive_nowait()
+
+    # -- trust and values (every store must hold these too) --
+
+    async def test_request_takes_its_answer_only_from_the_member_asked(
+        self, harness: StoreHarness
+    ) -> None:
+        async with harness.open() as mail, anyio.create_task_group() as tg:
+
+            async def forge_then_answer() -> None:
+                request = await mail.inbox("worker").receive(timeout=5)
+                forged = Envelope.response(request, "forged").model_copy(
+                    update={"sender": "writer"}
+                )
+                await mail.send(forged)
+                await mail.send(Envelope.response(request, "real"))
+
+            tg.start_soon(forge_then_answer)
+            response = await mail.request(Envelope.request("lead", "worker", "q"), timeout=5)
+            assert (response.sender, response.body) == ("worker", "real")
+            assert mail.inbox("lead").statistics().rejected_responses == 1
+
+    async def test_misfiled_envelopes_are_quarantined(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            team = mail.team.encode()
+            harness.write_raw(
+                "worker", stamp(encode(Envelope.message("lead", "worker", 1)), 0, b"x")
+            )
+            harness.write_raw(
+                "worker", stamp(encode(Envelope.message("lead", "writer", 2)), 1, team)
+            )
+            await mail.send(Envelope.message("lead", "worker", 3))
+            assert [e.body for e in await _drain(mail, "worker")] == [3]
+            assert mail.inbox("worker").statistics().quarantined == 2
+
+    async def test_nan_and_infinity_are_refused(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            with pytest.raises(InvalidEnvelope, match="NaN"):
+                await mail.send(Envelope.message("lead", "worker", {"x": math.nan}))
+            assert await _drain(mail, "worker") == []
+
+    async def test_a_signed_team_quarantines_what_the_key_did_not_sign(
+        self, harness: StoreHarness
+    ) -> None:
+        key = "conformance key, 32 bytes long.."
+        async with Mailboxes(harness.make_store(), members=["lead", "worker"], key=key) as mail:
+            unsigned = encode(Envelope.message("lead", "worker", "forged"))
+            harness.write_raw("worker", stamp(unsigned, 0, mail.team.encode()))
+            await mail.send(Envelope.message("lead", "worker", "signed"))
+            assert [e.body for e in await _drain(mail, "worker")] == ["signed"]
+            assert mail.inbox("worker").statistics().quarantined == 1
+
+    async def test_an_inbox_shares_its_stores_lease(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            lease = mail.store.acquire_lease("worker", "a team of this process")
+            inbox = mail.inbox("worker")
+            lease.release()
+            assert not mail.store.lease_held("worker")
+            with pytest.raises(anyio.WouldBlock):
+                inbox.receive_nowait()  # takes the lease for itself
+            assert mail.store.lease_held("worker")

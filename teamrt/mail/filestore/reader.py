@@ -106,6 +106,12 @@ class FileReader(InboxReader):
         )
 
     def load_cursor(self) -> Cursor:
+        try:
+            return self._load_cursor()
+        except OSError as exc:
+            raise translate(exc, f"read {self.paths.cursor}") from None
+
+    def _load_cursor(self) -> Cursor:
         cursor, gen, self._slot_size = read_cursor(self.paths.cursor)
         if gen < 0:  # neither slot is valid: set it aside, read the log again from the start
             damaged = self.paths.cursor.with_name(self.paths.cursor.name + ".damaged")
@@ -128,6 +134,12 @@ class FileReader(InboxReader):
         return cursor
 
     def seek(self, cursor: Cursor) -> None:
+        try:
+            self._seek(cursor)
+        except OSError as exc:
+            raise translate(exc, f"read {self.paths.name}'s inbox") from None
+
+    def _seek(self, cursor: Cursor) -> None:
         self._open_segment(cursor.segment)
         path = self.paths.segment(cursor.segment)
         size = os.fstat(self.fd).st_size
@@ -262,7 +274,10 @@ class FileReader(InboxReader):
         self._cursor_gen = gen
 
     def changed_elsewhere(self) -> bool:
-        return read_cursor(self.paths.cursor)[1] != self._cursor_gen
+        try:
+            return read_cursor(self.paths.cursor)[1] != self._cursor_gen
+        except OSError:
+            return True
 
     def _fd_of(self, segment: int) -> int:
         """A descriptor of `segment` for the tail check (the reader's own, usually)."""

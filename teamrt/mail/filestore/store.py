@@ -122,9 +122,12 @@ class FileStore(Store):
 
     def check_directories(self) -> None:
         """Refuse a team directory another user could have prepared or can write."""
-        check_directory(self.path, shared_group=self.shared_group, follow=True)
-        for directory in (self.inboxes, self.agents):
-            check_directory(directory, shared_group=self.shared_group)
+        try:
+            check_directory(self.path, shared_group=self.shared_group, follow=True)
+            for directory in (self.inboxes, self.agents):
+                check_directory(directory, shared_group=self.shared_group)
+        except OSError as exc:
+            raise translate(exc, f"check team directory {self.path}") from None
 
     def _mkdir(self, path: Path) -> None:
         try:
@@ -157,6 +160,8 @@ class FileStore(Store):
                 mtime = self.roster_path.stat().st_mtime_ns
             except FileNotFoundError:
                 return self._roster
+            except OSError as exc:
+                raise translate(exc, f"read {self.roster_path}") from None
             if mtime != self._roster_mtime:
                 self._load_roster()
         return self._roster
@@ -171,6 +176,8 @@ class FileStore(Store):
             fd = os.open(self.roster_path, O_READ)
         except FileNotFoundError:
             return {}
+        except OSError as exc:
+            raise translate(exc, f"read {self.roster_path}") from None
         try:
             with os.fdopen(fd, "rb") as f:
                 self._roster_mtime = os.fstat(f.fileno()).st_mtime_ns
@@ -180,6 +187,8 @@ class FileStore(Store):
             max_envelope = int(data.get("max_envelope", self.max_envelope))
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(0, f"unreadable roster {self.roster_path}: {exc}") from None
+        except OSError as exc:
+            raise translate(exc, f"read {self.roster_path}") from None
         self._roster = members
         self.segment_bytes = segment_bytes
         self.max_envelope = max_envelope  # the team's limit, for every sender and the owner
@@ -279,7 +288,10 @@ class FileStore(Store):
         paths = self.inbox_paths(name)  # validates the name first
         if name not in self._roster and name not in self.members(refresh=True):
             raise UnknownRecipient(f"no member {name!r} in team {self.team!r}")
-        return FileReader(self, paths)
+        try:
+            return FileReader(self, paths)
+        except OSError as exc:
+            raise translate(exc, f"open {name}'s inbox") from None
 
     def tail_reader(self, name: str) -> FileReader:
         reader = self.reader(name)
@@ -298,11 +310,25 @@ class FileStore(Store):
             task_status.started()
             return
         self._notify = notify
-        self._inotify = watcher = inotify.Inotify()
         try:
-            watcher.add_watch(
-                str(self.inboxes), inotify.IN_CREATE | inotify.IN_MOVED_TO, "", self._on_dir_event
-            )
+            watcher = inotify.Inotify()
+        except OSError:  # out of inotify instances: fall back to polling
+            self.needs_polling = True
+            task_status.started()
+            return
+        self._inotify = watcher
+        try:
+            try:
+                watcher.add_watch(
+                    str(self.inboxes),
+                    inotify.IN_CREATE | inotify.IN_MOVED_TO,
+                    "",
+                    self._on_dir_event,
+                )
+            except OSError:  # out of watches: poll instead
+                self.needs_polling = True
+                task_status.started()
+                return
             for name in list(self._watched):
                 self._watch_file(name)
             task_status.started()
