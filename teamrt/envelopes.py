@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import itertools
 import json
+import math
 import os
 import time
 from typing import Annotated, Any, ClassVar, Literal, TypeAlias, TypeVar
@@ -114,9 +115,23 @@ def _refuse_constant(name: str) -> Any:
     )
 
 
-def check_finite(encoded: bytes) -> None:
-    """Raise `InvalidEnvelope` if an encoded envelope holds NaN or Infinity (which pydantic
-    writes as bare constants). The exact check runs only when the bytes hint at one."""
+_SCALAR_BODIES = frozenset((str, int, bool, type(None)))
+
+
+def check_finite(envelope: Envelope, encoded: bytes) -> None:
+    """Raise `InvalidEnvelope` if `envelope` (encoded as `encoded`) holds NaN or Infinity.
+
+    On the send path, so cheap first: a text body needs only its times checked, and pydantic
+    writes NaN and Infinity as bare `NaN` / `Infinity`, so encoded bytes without a capital N or I
+    (two memchr scans) hold neither; only the rest is searched, and parsed when a hint is found.
+    """
+    if type(envelope.body) in _SCALAR_BODIES:
+        deadline = envelope.deadline
+        if math.isfinite(envelope.ts) and (deadline is None or math.isfinite(deadline)):
+            return
+        _refuse_constant("NaN or Infinity")
+    if encoded.find(b"N") < 0 and encoded.find(b"I") < 0:
+        return
     if b"NaN" in encoded or b"Infinity" in encoded:
         json.loads(b"{" + encoded, parse_constant=_refuse_constant)
 

@@ -500,7 +500,7 @@ class Mailboxes:
             raise UsageError(f"envelope is for team {envelope.team!r}, not {self.store.team!r}")
         validate_body(envelope.type, envelope.body)
         encoded = encode(envelope)
-        check_finite(encoded)
+        check_finite(envelope, encoded)
         if self._signer is not None:
             encoded = self._signer.sign(encoded, self.store.team)
         if len(encoded) > self.store.max_envelope:
