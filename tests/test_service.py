@@ -15,7 +15,7 @@ def test_service_asks_the_team(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("TEAMRT_SERVICE_DIR", str(tmp_path / "svc"))
     monkeypatch.setenv("TEAMRT_DEMO_SCRATCH", str(tmp_path / "scratch"))
     with TestClient(app) as client:
-        assert client.get("/status").json()["researcher"]["state"] == "idle"
+        assert client.get("/status").json()["researcher-1"]["state"] == "idle"
         response = client.post("/ask", json={"question": "Research the agent loop."})
         assert response.status_code == 200, response.text
         body = response.json()

@@ -94,7 +94,7 @@ def _digest(text: str) -> str:
 StepHook = Callable[[AgentState], Awaitable[list[ChatMessage]]]
 
 #: Tool calls of one reply that run at the same time, at most.
-DEFAULT_MAX_PARALLEL_TOOLS = 8
+DEFAULT_MAX_PARALLEL_TOOLS = 16
 
 
 @runtime_checkable

@@ -12,6 +12,7 @@ journal holds the step that showed it, and there is no `reply` tool (requests ar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import anyio
@@ -49,14 +50,18 @@ def messaging_tools(
     *,
     default_timeout: float = 30.0,
     desk: LetterSource | None = None,
+    resolve: Callable[[str], str] = lambda name: name,
 ) -> list[Tool]:
-    """The messaging tools for agent `me` on `mail` (`desk`: see the module docstring)."""
+    """The messaging tools for agent `me` on `mail` (`desk`: see the module docstring).
+
+    `resolve` maps a name the model uses to a member (a team maps a pool's role to its least
+    busy replica)."""
     received: dict[str, Request] = {}  # requests handed to the model and not yet answered
 
     @tool
     async def send_message(to: str, text: str) -> str:
         """Send a one-way message to a teammate."""
-        envelope = Envelope.message(me, to, text)
+        envelope = Envelope.message(me, resolve(to), text)
         await mail.send(envelope)
         return f"sent message {envelope.id} to {to}"
 
@@ -91,7 +96,7 @@ def messaging_tools(
     @tool
     async def request(to: str, text: str, timeout: float = default_timeout) -> dict[str, Any]:
         """Ask a teammate something and wait up to `timeout` seconds for the answer."""
-        response = await mail.request(Envelope.request(me, to, text, timeout=timeout))
+        response = await mail.request(Envelope.request(me, resolve(to), text, timeout=timeout))
         return {"from": response.sender, "answer": response.body}
 
     @tool

@@ -93,13 +93,13 @@ async def service_demo(root: Path) -> int:
     try:
         import httpx
 
-        from teamrt.demos.service import app, lifespan
+        from teamrt.demos.service import app
     except ImportError as exc:
         raise SystemExit(
             f"the service demo needs the service extra: pip install 'teamrt[service]' ({exc})"
         ) from None
     os.environ.setdefault("TEAMRT_SERVICE_DIR", str(root / "service"))
-    async with lifespan(app):
+    async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://teamrt") as client:
             print('POST /ask {"question": "Research the agent loop."}')

@@ -319,7 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measures sends, contention, group commit, round trips, wake-ups, pick-up "
         "and drain at depth, the agent loop's cost per step, idle teammates and wake-ups among "
         "many, replay throughput and memory, and the cost of an ack with many acks held "
-        "behind an unacked envelope; prints each figure beside a baseline measured in the same "
+        "behind an unacked envelope, a service under 50 concurrent requests (a pool against one "
+        "teammate), a lead's memory and cursor over many asks, and 20 tool calls of one reply "
+        "side by side; prints each figure beside a baseline measured in the same "
         "run, with the ratio and the target.",
     )
     bench.add_argument("--quick", action="store_true", help="smaller sizes (depth 100k, not 1M)")
@@ -329,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         choices=[
             *("sends", "contention", "round_trips", "wakes", "depth", "agent", "team", "replay"),
-            "acks",
+            *("acks", "teamwork"),
         ],
         help="run one group of measurements",
     )

@@ -5,13 +5,18 @@ team, with an endpoint that gives the researcher a task and returns its result.
     curl -X POST localhost:8000/ask -d '{"question": "..."}'
 
 The team runs in the server's event loop, on file mailboxes under `TEAMRT_SERVICE_DIR`
-(default `mailboxes/service`), and is shut down cleanly when the server stops.
+(default `mailboxes/service`), and is shut down cleanly when the server stops. Each role is a pool
+of `TEAMRT_SERVICE_REPLICAS` teammates (default 2): a request goes to the least busy researcher,
+whose request to "writer" goes to the least busy writer. A full queue answers 503 at once, a
+request whose deadline passed before anyone could start it answers 504, never worked on.
+`create_app()` builds the same app around any teammates (the benchmark uses it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -23,50 +28,71 @@ from starlette.routing import Route
 from teamrt.demos.research_writer import TASK, teammates
 from teamrt.errors import RemoteError, RequestTimeout
 from teamrt.mail import FileMailboxes
-from teamrt.team import Team
+from teamrt.team import BUSY, EXPIRED, Team, Teammate
 
 
-@asynccontextmanager
-async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    root = Path(os.environ.get("TEAMRT_SERVICE_DIR", "mailboxes/service"))
-    async with (
-        FileMailboxes(root / "team", members=["lead"]) as mail,
-        Team(
-            mail,
-            teammates(os.environ.get("TEAMRT_SERVICE_MODEL", "offline")),
-            agent_dir=root / "team" / "agents",
-        ) as team,
-    ):
-        app.state.team = team
-        yield
-    app.state.team = None
+def create_app(
+    make_teammates: Callable[[], Sequence[Teammate]],
+    *,
+    directory: Callable[[], Path],
+    role: str = "researcher",
+) -> Starlette:
+    """An app that asks `role` of a team of `make_teammates()`, run in its lifespan on file
+    mailboxes in `directory()` (both called at start-up)."""
 
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        root = directory()
+        async with (
+            FileMailboxes(root / "team", members=["lead"]) as mail,
+            Team(mail, make_teammates(), agent_dir=root / "team" / "agents") as team,
+        ):
+            app.state.team = team
+            yield
+        app.state.team = None
 
-async def ask(request: Request) -> JSONResponse:
-    try:
-        payload = await request.json()
-    except ValueError:
-        return JSONResponse({"error": "send a JSON object"}, status_code=400)
-    question = payload.get("question", TASK) if isinstance(payload, dict) else None
-    if not isinstance(question, str) or not question.strip():
-        return JSONResponse({"error": "'question' must be a non-empty string"}, status_code=400)
-    team: Team = request.app.state.team
-    try:
-        result = await team.ask("researcher", question, timeout=float(payload.get("timeout", 60)))
-    except RequestTimeout as exc:
-        return JSONResponse({"error": str(exc)}, status_code=504)
-    except RemoteError as exc:
-        return JSONResponse({"error": str(exc)}, status_code=502)
-    return JSONResponse(result.model_dump())
+    async def ask(request: Request) -> JSONResponse:
+        try:
+            payload = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "send a JSON object"}, status_code=400)
+        question = payload.get("question", TASK) if isinstance(payload, dict) else None
+        if not isinstance(question, str) or not question.strip():
+            return JSONResponse({"error": "'question' must be a non-empty string"}, status_code=400)
+        team: Team = request.app.state.team
+        try:
+            timeout = float(payload.get("timeout", 60))
+            result = await team.ask(role, question, timeout=timeout)
+        except (TypeError, ValueError):
+            return JSONResponse({"error": "'timeout' must be a number"}, status_code=400)
+        except RequestTimeout as exc:
+            return JSONResponse({"error": str(exc)}, status_code=504)
+        except RemoteError as exc:
+            status = {BUSY: 503, EXPIRED: 504}.get(exc.error_type, 502)
+            return JSONResponse({"error": str(exc)}, status_code=status)
+        return JSONResponse(result.model_dump())
 
+    async def status(request: Request) -> JSONResponse:
+        team: Team = request.app.state.team
+        return JSONResponse(
+            {
+                name: {"state": s.state, "tasks_done": s.tasks_done, "queued": s.queued}
+                for name, s in team.status.items()
+            }
+        )
 
-async def status(request: Request) -> JSONResponse:
-    team: Team = request.app.state.team
-    return JSONResponse(
-        {name: {"state": s.state, "tasks_done": s.tasks_done} for name, s in team.status.items()}
+    return Starlette(
+        routes=[Route("/ask", ask, methods=["POST"]), Route("/status", status)],
+        lifespan=lifespan,
     )
 
 
-app = Starlette(
-    routes=[Route("/ask", ask, methods=["POST"]), Route("/status", status)], lifespan=lifespan
+def _demo_team() -> list[Teammate]:
+    replicas = int(os.environ.get("TEAMRT_SERVICE_REPLICAS", "2"))
+    model = os.environ.get("TEAMRT_SERVICE_MODEL", "offline")
+    return [dataclasses.replace(t, replicas=replicas) for t in teammates(model)]
+
+
+app = create_app(
+    _demo_team, directory=lambda: Path(os.environ.get("TEAMRT_SERVICE_DIR", "mailboxes/service"))
 )

@@ -213,7 +213,7 @@ class Runner:
         model = teammate.make_model()
         tools: list[Tool | Callable[..., Any]] = [
             *teammate.tools,
-            *messaging_tools(self.mail, self.name, desk=self.desk),
+            *messaging_tools(self.mail, self.name, desk=self.desk, resolve=self.team.pick),
         ]
         if teammate.delegate:
             tools.append(

@@ -44,7 +44,7 @@ from teamrt.team.protocol import (
 from teamrt.team.runner import Runner
 
 #: Notices (idle, crash, late answers) the lead keeps for inspection; older ones are dropped.
-NOTICES_KEPT = 1000
+NOTICES_KEPT = 200
 
 
 class Team:
@@ -150,7 +150,7 @@ class Team:
         `Expired` (the deadline passed before it could start), `RequestTimeout`, or
         `TeammateGone` for a member that crashed for good.
         """
-        member = self._pick(member)
+        member = self.pick(member)
         status = self.status.get(member)
         if status is not None and status.state == "crashed":
             raise TeammateGone(f"{member!r} crashed and is not running: {status.last}")
@@ -163,8 +163,9 @@ class Team:
             self._in_flight[member] -= 1
         return TaskResult.model_validate(response.body)
 
-    def _pick(self, role: str) -> str:
-        """The member to ask: `role` itself, or the least busy live replica of its pool."""
+    def pick(self, role: str) -> str:
+        """The member to ask: `role` itself, or the least busy live replica of its pool
+        (fewest tasks in flight from the lead, then idle before working)."""
         members = self.pools.get(role)
         if members is None:
             return role

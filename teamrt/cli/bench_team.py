@@ -1,0 +1,187 @@
+"""Team figures for `teamrt bench`: a service under concurrent load, a long-lived lead, and the
+tool calls of one reply run side by side. Each figure has a baseline measured in the same run."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import tracemalloc
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from teamrt.agents import Agent, tool
+from teamrt.mail.mailboxes import FileMailboxes
+from teamrt.models import ChatMessage, FunctionModel, ScriptedModel, ToolSpec, call, calls
+from teamrt.team import Team, Teammate
+
+if TYPE_CHECKING:
+    from teamrt.cli.bench import Bench
+
+
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
+
+
+async def team_figures(bench: Bench) -> None:
+    smoke = bench.sizes.sends < 1000
+    quick = not smoke and bench.sizes.depth_large < 1_000_000
+    await service_load(bench, smoke=smoke)
+    await parallel_tools(bench, smoke=smoke)
+    # the in-process caches (recent ids, answered requests) fill up over the first ~4,000
+    # asks: the first measurement comes after that
+    asks, early = (1_000, 500) if smoke else (20_000, 10_000) if quick else (100_000, 10_000)
+    await lead_memory(bench, asks=asks, early=early)
+
+
+async def service_load(bench: Bench, *, smoke: bool) -> None:
+    """The service demo's app, a model that takes 100 ms a call, 50 concurrent requests: a pool
+    of 5 against one teammate serving them all."""
+    from teamrt.cli.bench import Figure
+
+    try:
+        import httpx  # noqa: F401 -- the service extra
+    except ImportError:  # pragma: no cover -- the service extra is not installed
+        return
+    requests, call_seconds, pool = (20, 0.02, 5) if smoke else (50, 0.1, 5)
+    single = await _serve(bench.team("service1"), 1, requests, call_seconds)
+    pooled = await _serve(bench.team("service5"), pool, requests, call_seconds)
+    ideal = math.ceil(requests / pool) * call_seconds
+    target = 15 * call_seconds
+    bench.add(
+        Figure(
+            f"service, {requests} concurrent requests, pool of {pool}, p50",
+            statistics.median(pooled) * 1000,
+            "ms",
+            "one teammate",
+            statistics.median(single) * 1000,
+            f"<= {target * 1000:g} ms (ideal: last answer at {ideal * 1000:g} ms)",
+            statistics.median(pooled) <= target,
+        )
+    )
+    bench.add(
+        Figure(
+            f"service, {requests} concurrent requests, pool of {pool}, p99",
+            _pct(pooled, 99) * 1000,
+            "ms",
+            "one teammate",
+            _pct(single, 99) * 1000,
+        )
+    )
+
+
+async def _serve(root: Path, replicas: int, requests: int, call_seconds: float) -> list[float]:
+    import httpx
+
+    from teamrt.demos.service import create_app
+
+    async def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        await anyio.sleep(call_seconds)
+        return "an answer"
+
+    def make() -> list[Teammate]:
+        model = FunctionModel(brain)
+        return [Teammate("answerer", model, replicas=replicas, max_queue=requests)]
+
+    app = create_app(make, directory=lambda: root, role="answerer")
+    latencies: list[float] = []
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://service") as client:
+
+            async def one(i: int) -> None:
+                start = time.perf_counter()
+                response = await client.post("/ask", json={"question": f"question {i}"})
+                response.raise_for_status()
+                latencies.append(time.perf_counter() - start)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(requests):
+                    tg.start_soon(one, i)
+    return latencies
+
+
+async def parallel_tools(bench: Bench, *, smoke: bool) -> None:
+    """20 tool calls in one reply, each taking 100 ms: side by side, against one by one."""
+    from teamrt.cli.bench import Figure
+
+    n, seconds = 20, 0.02 if smoke else 0.1
+
+    async def run(sequential: bool) -> float:
+        @tool(sequential=sequential)
+        async def fetch(i: int) -> str:
+            """Fetch something slow."""
+            await anyio.sleep(seconds)
+            return f"item {i}"
+
+        model = ScriptedModel([calls(*(call("fetch", i=i) for i in range(n))), "done"])
+        start = time.perf_counter()
+        report = await Agent("fan-out", model, tools=[fetch]).run("fetch everything")
+        assert report.ok, report.summary()
+        return time.perf_counter() - start
+
+    parallel, one_by_one = await run(False), await run(True)
+    bench.add(
+        Figure(
+            f"{n} tool calls in one reply, {seconds * 1000:g} ms each",
+            parallel * 1000,
+            "ms",
+            "one by one (sequential=True)",
+            one_by_one * 1000,
+            f"<= {3 * seconds * 1000:g} ms",
+            parallel <= 3 * seconds,
+        )
+    )
+
+
+async def lead_memory(bench: Bench, *, asks: int, early: int) -> None:
+    """A lead that asks and asks: Python memory and its cursor file after `early` asks and
+    after all of them (flat: idle notices are acked as they come). The teammate takes each task in
+    a fresh context, so that what is measured is the lead (a persistent context grows up to its
+    memory budget, then stays there)."""
+    from teamrt.cli.bench import Figure
+
+    path = bench.team("lead")
+    cursor = path / "inboxes" / "lead.cursor.json"
+    seen: dict[int, tuple[float, int]] = {}
+    async with FileMailboxes(path) as mail:
+        tracemalloc.start()
+        try:
+            answerer = Teammate("w", FunctionModel(lambda m, t: "ok"), context="per_task")
+            async with Team(mail, [answerer]) as team:
+                for i in range(1, asks + 1):
+                    await team.ask("w", "q", timeout=30)
+                    if i in (early, asks):
+                        await anyio.sleep(0.01)  # the lead's server takes the idle notice
+                        await mail.inbox("lead").flush()
+                        kib = tracemalloc.get_traced_memory()[0] / 1024
+                        seen[i] = (kib, cursor.stat().st_size)
+        finally:
+            tracemalloc.stop()
+    (early_kib, early_bytes), (late_kib, late_bytes) = seen[early], seen[asks]
+    bench.add(
+        Figure(
+            f"lead after {asks:,} asks: Python memory in use",
+            late_kib,
+            "KiB",
+            f"at {early:,} asks",
+            early_kib,
+            "within 10%",
+            late_kib <= 1.1 * early_kib,
+        )
+    )
+    bench.add(
+        Figure(
+            f"lead after {asks:,} asks: cursor file",
+            late_bytes,
+            "B",
+            f"at {early:,} asks",
+            early_bytes,
+            "within 10%",
+            late_bytes <= 1.1 * early_bytes,
+        )
+    )
