@@ -151,3 +151,19 @@ async def test_repair_refuses_while_the_owner_runs(tmp_path: Path) -> None:
         mail.inbox("worker")
         with pytest.raises(MemberBusy, match="inbox of worker"):
             repair_team(team, "worker")
+
+
+async def test_damage_found_by_the_rescan_never_cancels_the_mailboxes(tmp_path: Path) -> None:
+    """The background rescan only wakes the owner; the error goes to whoever receives."""
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=MEMBERS, rescan_interval=0.005) as mail:
+        for i in range(5):
+            await mail.send(Envelope.message("lead", "worker", i))
+        inbox = mail.inbox("worker")
+        assert len(await _drain(mail)) == 5
+        os.truncate(team / "inboxes" / "worker.jsonl", 10)
+        await anyio.sleep(0.05)  # several rescans see the damage
+        with pytest.raises(StoreCorrupt):
+            await inbox.receive(timeout=1)
+        await mail.send(Envelope.message("worker", "lead", "the rest still works"))
+        assert (await mail.inbox("lead").receive(timeout=1)).body == "the rest still works"

@@ -191,3 +191,18 @@ async def test_signing_key_from_the_environment_and_unsigned_lines(
     assert [q["reason"] for q in _quarantine(team)] == ["bad signature"]
     with pytest.raises(UsageError, match="at least 16 bytes"):
         MemoryMailboxes(key="short")
+
+
+def test_a_signature_covers_the_team_and_every_byte_of_the_envelope() -> None:
+    from teamrt.mail.log import encode, stamp
+    from teamrt.mail.signing import Signer
+
+    signer = Signer(KEY.encode())
+    encoded = signer.sign(encode(Envelope.message("lead", "worker", {"n": 1})), "t")
+    line = stamp(encoded, 7, b"t").rstrip(b"\n")
+    assert signer.verify(line, "t")
+    assert not signer.verify(line, "other")  # the team name is covered
+    assert not signer.verify(line.replace(b'"n":1', b'"n":2'), "t")  # so is the body
+    assert not signer.verify(line.replace(b'"sender":"lead"', b'"sender":"boss"'), "t")
+    assert signer.verify(line.replace(b'"seq":7', b'"seq":8'), "t")  # seq is not (the lock's)
+    assert not Signer(b"x" * 32).verify(line, "t")
