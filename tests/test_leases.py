@@ -138,3 +138,21 @@ async def test_send_wait_collects_its_answer_without_consuming_the_senders_inbox
         assert not cursor.exists()  # the command committed nothing in the lead's inbox
         owner_copy = await lead.receive(timeout=5)  # the owner got the answer as well
         assert owner_copy.body == "approved"
+
+
+async def test_an_inbox_that_took_its_lease_back_reloads_what_another_owner_committed(
+    tmp_path: Path,
+) -> None:
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=MEMBERS) as mail:
+        for i in range(3):
+            await mail.send(Envelope.message("lead", "worker", i))
+        lease = mail.store.acquire_lease("worker", "pid 1, incarnation A")
+        inbox = mail.inbox("worker")  # shares incarnation A's lease
+        assert inbox.receive_nowait().body == 0  # received, never acked
+        lease.release()
+        async with FileMailboxes(team) as other:  # another owner handles everything meanwhile
+            theirs = other.inbox("worker")
+            await theirs.ack(*[theirs.receive_nowait() for _ in range(3)])
+        await mail.send(Envelope.message("lead", "worker", 3))
+        assert inbox.receive_nowait().body == 3  # not 1 and 2 again: it reloaded

@@ -167,3 +167,22 @@ async def test_damage_found_by_the_rescan_never_cancels_the_mailboxes(tmp_path: 
             await inbox.receive(timeout=1)
         await mail.send(Envelope.message("worker", "lead", "the rest still works"))
         assert (await mail.inbox("lead").receive(timeout=1)).body == "the rest still works"
+
+
+async def test_a_cursor_naming_a_missing_segment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from teamrt.mail.log import Cursor
+
+    team = tmp_path / "t"
+    await _sent_and_handled(team, 2)
+    slot = Cursor(5, 10, 40).encode_slot(9, 4096)
+    assert slot is not None
+    (team / "inboxes" / "worker.cursor.json").write_bytes(slot + slot)
+    async with FileMailboxes(team) as mail:
+        with pytest.raises(StoreCorrupt, match="names segment 5, but the log has only"):
+            mail.inbox("worker")
+    out = _repair(team, capsys)
+    assert "the cursor named segment 5" in out and "cannot be delivered" in out
+    async with FileMailboxes(team) as mail:
+        assert [e.body for e in await _drain(mail)] == [0, 1]  # delivered again
