@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import ConfigDict, TypeAdapter, create_model
 
 from teamrt.agents.loop import Agent
-from teamrt.agents.state import RunReport
+from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool
 from teamrt.errors import ModelError, UsageError
 from teamrt.models.base import ChatMessage, ModelReply, ToolSpec
@@ -107,6 +107,31 @@ class RecordedModel:
         return recorded.reply
 
 
+class _RecordedMail:
+    """The mail a teammate's model was shown between steps, as the recording has it: the user
+    messages that open the next recorded call beyond the conversation so far."""
+
+    def __init__(self, steps: list[Step], model: RecordedModel) -> None:
+        self.steps, self.model = steps, model
+
+    async def before_step(self, state: AgentState) -> list[ChatMessage]:
+        if self.model.calls >= len(self.steps):
+            return []
+        following = self.steps[self.model.calls].context[len(state.messages) :]
+        injected = []
+        for message in following:
+            if message.role != "user":
+                break
+            injected.append(message)
+        return injected
+
+    def handled(self) -> list[str]:
+        return []
+
+    def recorded(self) -> None:
+        pass
+
+
 def _recorded_results(steps: list[Step]) -> dict[str, str]:
     """Tool results by call id, from the contexts of later steps."""
     results: dict[str, str] = {}
@@ -157,8 +182,22 @@ async def rerun(
     kept = [t for t in tools if t.name not in MESSAGING]
     stubs = [_stub(n, results, order_by_tool.get(n, [])) for n in MESSAGING if n in order_by_tool]
     model = RecordedModel(steps)
-    agent = Agent(name, model, instructions=instructions, tools=[*kept, *stubs])
+    agent = Agent(
+        name,
+        model,
+        instructions=instructions,
+        tools=[*kept, *stubs],
+        keep_context=True,
+        inbound=_RecordedMail(steps, model),
+    )
     report = await agent.run(task)
+    # a teammate's conversation carries across tasks: each later task (or round of mail) is the
+    # user message that opens the next recorded call
+    while model.divergence is None and model.calls < len(steps) and agent.state is not None:
+        opening = steps[model.calls].context[len(agent.state.messages) :]
+        if not opening or opening[0].role != "user":
+            break
+        report = await agent.run(opening[0].content or "")
     divergence = model.divergence
     if divergence is None and model.calls < len(steps):
         divergence = Divergence(

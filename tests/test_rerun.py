@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 from teamrt.agents import Agent, tool
@@ -66,3 +67,27 @@ def test_rerun_command_on_the_recorded_sample() -> None:
         ]
     )
     assert code == 0
+
+
+async def test_a_teammate_that_kept_its_context_over_two_tasks_reruns_the_same(
+    tmp_path: Path,
+) -> None:
+    from teamrt import Envelope, MemoryMailboxes
+    from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec
+    from teamrt.team import Team, Teammate
+
+    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+        text = messages[-1].content or ""
+        if messages[-1].role == "user" and "Price" in text:
+            return call("price", sku=text.split()[-1])
+        return f"{len(messages)} messages so far"
+
+    async with MemoryMailboxes() as mail:
+        clerk = Teammate("clerk", FunctionModel(brain), instructions="Quote.", tools=[price])
+        async with Team(mail, [clerk], agent_dir=tmp_path) as team:
+            await team.ask("clerk", "Price A", timeout=5)
+            await mail.send(Envelope.message("lead", "clerk", "a note in between"))
+            await team.ask("clerk", "Price B", timeout=5)
+    report, divergence, steps = await rerun(tmp_path, "clerk", [price], "Quote.")
+    assert divergence is None and steps >= 5
+    assert report is not None and report.ok
