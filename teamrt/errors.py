@@ -25,6 +25,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     ├── RemoteError                          a peer answered with an error response
     ├── LimitExceeded                        an agent hit one of its limits (a clean stop)
     ├── StopRequested                        an agent was asked to stop (e.g. team shutdown)
+    ├── ToolCrashed                          a tool raised SystemExit or another BaseException
     └── ModelError                           the model service failed or answered nonsense
         ├── ModelRequestsBlocked             a real model call while they are switched off
         ├── MissingAPIKey                    no API key in the arguments or the environment
@@ -153,6 +154,13 @@ class LimitExceeded(TeamrtError):
 
 class StopRequested(TeamrtError):
     """Raised by an agent's step hook to end the run cleanly at a step boundary."""
+
+
+class ToolCrashed(TeamrtError):
+    """A tool raised a `BaseException` that is not cancellation (`SystemExit`, a custom one):
+    not data for the model but a crash of the agent running it (a teammate's crash is reported
+    and handled by its restart policy; nothing else in the team stops). The original exception
+    is the `__cause__`."""
 
 
 class RemoteError(TeamrtError):

@@ -13,7 +13,7 @@ import pytest
 from teamrt.agents import Agent, Limits, Memory, RunReport, Tool, tool
 from teamrt.agents.loop import Answer, CallTools, Malformed, decide
 from teamrt.agents.memory import SUMMARY_PREFIX, context_tokens
-from teamrt.errors import ModelError, UsageError
+from teamrt.errors import ModelError, ToolCrashed, UsageError
 from teamrt.models import (
     ChatMessage,
     FunctionModel,
@@ -257,8 +257,9 @@ async def test_resumed_run_ends_as_the_uninterrupted_run(tmp_path: Path) -> None
 
     flaky = check_stock_then_die
     first, _ = agent(script, directory=tmp_path / "run", tools=[flaky, echo])
-    with pytest.raises(Crash):
+    with pytest.raises(ToolCrashed) as died:  # a BaseException is a crash, not data
         await first.run("check things")
+    assert isinstance(died.value.__cause__, Crash)
     # a new process: the reply of the interrupted step is in the journal, so its tool call runs
     # again (with the same call id) and the model is asked only for what comes after
     second, model = agent(script[4:], directory=tmp_path / "run", tools=[flaky, echo])

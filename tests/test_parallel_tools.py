@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from teamrt.agents import Agent, current_call_id, tool
+from teamrt.errors import ToolCrashed
 from teamrt.models import ModelReply, ScriptedModel, call, calls
 
 
@@ -97,8 +98,9 @@ async def test_a_tool_sees_its_call_id_and_a_resumed_call_keeps_it(tmp_path: Pat
 
     script: list[ModelReply | str] = [call("charge", amount=5), "charged once"]
     first = Agent("a", ScriptedModel(script), tools=[charge], directory=tmp_path)
-    with pytest.raises(Crash):
+    with pytest.raises(ToolCrashed) as crashed:  # a BaseException is a crash, not data
         await first.run("charge 5")
+    assert isinstance(crashed.value.__cause__, Crash)
     second = Agent("a", ScriptedModel(script[1:]), tools=[charge], directory=tmp_path)
     report = await second.run("charge 5", resume=True)
     assert report.answer == "charged once"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -387,21 +388,45 @@ class Agent:
         if self.budget is not None:
             self.budget.charge(usage, cost)
 
+    def _time_left(self) -> tuple[float, Callable[[str], LimitExceeded]]:
+        """Seconds until the nearest deadline (the run's, or a shared budget's), and the error
+        that says which one passed, given what was running."""
+        left, which = math.inf, "deadline"
+        if self.limits.deadline is not None:
+            left = self.limits.deadline - self._elapsed()
+        shared = getattr(self.budget, "time_left", None)
+        team_left = shared() if shared is not None else None
+        if team_left is not None and team_left < left:
+            left, which = team_left, "team_deadline"
+
+        def passed(during: str) -> LimitExceeded:
+            if which == "team_deadline" and shared is not None:
+                deadline = getattr(self.budget, "deadline", 0.0) or 0.0
+                return LimitExceeded(
+                    "team_deadline",
+                    deadline,
+                    round(deadline - (shared() or 0.0), 3),
+                    f"the team's wall-clock deadline (s) passed {during}:",
+                )
+            return LimitExceeded(
+                "deadline",
+                self.limits.deadline or 0.0,
+                round(self._elapsed(), 3),
+                f"the wall-clock deadline (s) passed {during}:",
+            )
+
+        return max(0.0, left), passed
+
     async def _call_model(
         self, state: AgentState, specs: Sequence[Any], elapsed: Callable[[], float]
     ) -> ModelReply | None:
-        deadline = self.limits.deadline
+        left, passed = self._time_left()
         try:
-            if deadline is None:
+            if left == math.inf:
                 return await self.model.complete(state.messages, specs)
-            with anyio.move_on_after(max(0.0, deadline - elapsed())):
+            with anyio.move_on_after(left):
                 return await self.model.complete(state.messages, specs)
-            raise LimitExceeded(
-                "deadline",
-                deadline,
-                round(elapsed(), 3),
-                "the wall-clock deadline (s) passed during a model call:",
-            )
+            raise passed("during a model call")
         except LimitExceeded as exc:
             self._stop_at_limit(state, exc)
         except ModelError as exc:
@@ -523,9 +548,8 @@ class Agent:
                 groups.append([call])
             else:
                 groups[-1].append(call)
-        deadline = self.limits.deadline
-        timeout = None if deadline is None else max(0.0, deadline - self._elapsed())
-        with anyio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
+        left, passed = self._time_left()
+        with anyio.move_on_after(left) as scope:
             for group in groups:
                 if len(group) == 1:
                     await self._run_one(state, group[0], work)
@@ -540,13 +564,7 @@ class Agent:
                 error = f"Deadline: the run's deadline passed while {call.name} ran"
                 message = ChatMessage.tool_result(call, json.dumps({"error": error}))
                 self._record(work, call, message)
-            exc = LimitExceeded(
-                "deadline",
-                deadline or 0,
-                round(self._elapsed(), 3),
-                f"the wall-clock deadline (s) passed while {names} ran:",
-            )
-            self._stop_at_limit(state, exc)
+            self._stop_at_limit(state, passed(f"while {names} ran"))
 
     async def _run_one(self, state: AgentState, call: ToolCall, work: _StepWork) -> None:
         found = self.toolbox.get(call.name)

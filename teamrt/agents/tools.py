@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import importlib
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Iterable
@@ -25,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any, get_type_hints, overload
 
 import anyio
+import anyio.to_process
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from teamrt.errors import UsageError
+from teamrt.errors import ToolCrashed, UsageError
 from teamrt.models.base import ToolCall, ToolSpec
 
 DEFAULT_MAX_OUTPUT = 8000  # characters of a tool result the model gets to see
@@ -80,6 +82,8 @@ class Tool:
     max_output: int = DEFAULT_MAX_OUTPUT
     sequential: bool = False  # never runs beside other calls of the same reply
     waits: bool = False  # waits for others (wait_for_messages): idle time, not lack of progress
+    process: bool = False  # runs in a worker process, killed at a deadline
+    gate: Callable[[], str | None] | None = None  # says why the tool may not run now, if so
 
     @functools.cached_property
     def spec(self) -> ToolSpec:
@@ -95,17 +99,36 @@ class Tool:
             return _error("ValidationError", _validation_message(exc))
 
     async def call(self, args: BaseModel) -> ToolResult:
-        """Run the tool on validated arguments; exceptions come back as an error result."""
+        """Run the tool on validated arguments; exceptions come back as an error result.
+
+        A `BaseException` that is not cancellation (`SystemExit`, say) is not data for the
+        model: it raises `ToolCrashed`, a crash of the agent. At a deadline, a `thread=True`
+        tool is abandoned (Python cannot stop a thread: its late result is discarded) and a
+        `process=True` tool's worker process is killed.
+        """
+        if self.gate is not None and (refusal := self.gate()) is not None:
+            return _error("PermissionError", refusal)
         kwargs = {name: getattr(args, name) for name in type(args).model_fields}
         try:
             if self.is_async:
                 result = await self.fn(**kwargs)
+            elif self.process:
+                target = (self.fn.__module__, self.fn.__qualname__)
+                result = await anyio.to_process.run_sync(
+                    _run_in_process, target, kwargs, cancellable=True
+                )
             elif self.thread:
-                result = await anyio.to_thread.run_sync(lambda: self.fn(**kwargs))
+                result = await anyio.to_thread.run_sync(
+                    lambda: self.fn(**kwargs), abandon_on_cancel=True
+                )
             else:
                 result = self.fn(**kwargs)
         except Exception as exc:  # the tool's failure is data for the model, by design
             return _error(type(exc).__name__, str(exc))
+        except BaseException as exc:
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                raise
+            raise ToolCrashed(f"tool {self.name} raised {type(exc).__name__}: {exc}") from exc
         return ToolResult(self._render(result), ok=True)
 
     def _render(self, result: Any) -> str:
@@ -134,6 +157,7 @@ def tool(
     max_output: int = DEFAULT_MAX_OUTPUT,
     sequential: bool = False,
     waits: bool = False,
+    process: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -147,6 +171,7 @@ def tool(
     max_output: int = DEFAULT_MAX_OUTPUT,
     sequential: bool = False,
     waits: bool = False,
+    process: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a function (sync or async) into a `Tool`. Use bare (`@tool`) or with options.
 
@@ -155,9 +180,17 @@ def tool(
     running beside other calls of the same model reply (calls before it finish first, calls
     after it wait). `waits=True` marks a tool that waits for other agents: its time counts as
     idle time (`Limits.max_idle`) and an empty answer is not a lack of progress.
+    `process=True` runs a sync function in a worker process, which is killed when the run's
+    deadline passes or the teammate is stopped (the function must be defined at the top level
+    of a module, and its arguments and result must pickle).
     """
 
     def make(fn: Callable[..., Any]) -> Tool:
+        if process and (inspect.iscoroutinefunction(fn) or "<locals>" in fn.__qualname__):
+            raise UsageError(
+                f"tool {fn.__name__}: process=True needs a plain function defined at the top "
+                "level of a module"
+            )
         signature = inspect.signature(fn)
         hints = get_type_hints(fn)
         fields: dict[str, Any] = {}
@@ -181,9 +214,20 @@ def tool(
             max_output=max_output,
             sequential=sequential,
             waits=waits,
+            process=process,
         )
 
     return make(fn) if fn is not None else make
+
+
+def _run_in_process(target: tuple[str, str], kwargs: dict[str, Any]) -> Any:
+    """In a worker process: find a `process=True` tool's function by name and call it."""
+    module, qualname = target
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    fn = found.fn if isinstance(found, Tool) else found
+    return fn(**kwargs)
 
 
 class Toolbox:

@@ -135,6 +135,13 @@ class TeamBudget:
                     "the team's wall-clock deadline (s) has passed:",
                 )
 
+    def time_left(self) -> float | None:
+        """Seconds until the wall-clock deadline (None: no deadline). Model calls and tools
+        that are running when it passes are stopped there, not only the next call."""
+        if self.deadline is None:
+            return None
+        return self.deadline - (anyio.current_time() - self._started)
+
     def charge(self, usage: Usage, cost: float | None) -> None:
         self.usage = self.usage + usage
         self.cost += cost or 0.0

@@ -84,6 +84,8 @@ class Runner:
             on_queue=lambda n: setattr(status, "queued", n),
         )
         self.agent: Agent | None = None
+        self.scope: anyio.CancelScope | None = None  # set by the team: cancels this incarnation
+        self.cancelled: str | None = None  # why the team cancelled it, if it did
         self.current: Request | None = None
         self._approved = False
         self._last: TaskResult | None = None
@@ -252,18 +254,12 @@ class Runner:
         gated = set(self.teammate.needs_approval)
 
         def guard(inner: Tool) -> Tool:
-            async def guarded(**kwargs: Any) -> Any:
-                if not self._approved:
-                    raise PermissionError(
-                        f"{inner.name} needs an approved plan: call submit_plan first"
-                    )
-                if inner.is_async:
-                    return await inner.fn(**kwargs)
-                if inner.thread:
-                    return await anyio.to_thread.run_sync(lambda: inner.fn(**kwargs))
-                return inner.fn(**kwargs)
+            def refusal() -> str | None:
+                if self._approved:
+                    return None
+                return f"{inner.name} needs an approved plan: call submit_plan first"
 
-            return dataclasses.replace(inner, fn=guarded, is_async=True)
+            return dataclasses.replace(inner, gate=refusal)
 
         async def submit_plan(plan: str) -> str:
             """Send your plan to the lead for approval; side-effecting tools wait for it."""
@@ -298,8 +294,9 @@ class Runner:
             current = self.current
             if current is not None:
                 tries = self.attempts[current.id] = self.attempts.get(current.id, 0) + 1
-                if not restarting or tries >= self.teammate.restart.task_attempts:
-                    why = "" if not restarting else f" (task tried {tries} times)"
+                given_up = self.cancelled is not None  # a hung task is not resumed
+                if given_up or not restarting or tries >= self.teammate.restart.task_attempts:
+                    why = "" if not restarting or given_up else f" (task tried {tries} times)"
                     await self.mail.send(
                         Envelope.error(
                             current, TEAMMATE_CRASHED, f"{self.name} crashed: {error}{why}"

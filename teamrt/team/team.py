@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -104,6 +104,8 @@ class Team:
         self._all_done = anyio.Event()
         self._task_group: TaskGroup | None = None
         self._serving_lead = False
+        self._runners: dict[str, Runner] = {}  # the current incarnation of each member
+        self._stopping = False
 
     async def __aenter__(self) -> Self:
         for name in (self.lead, *self.teammates, *self.remote):
@@ -221,6 +223,7 @@ class Team:
         """Ask every running teammate to stop after its current step; cancel any still running
         when the deadline passes. Never waits longer than the deadline."""
         deadline = self.shutdown_deadline if deadline is None else deadline
+        self._stopping = True
         for name in self.remote:
             await self.mail.send(
                 Envelope.request(
@@ -231,7 +234,12 @@ class Team:
                     timeout=deadline,
                 )
             )
-        running = [s for s in self.status.values() if s.state not in ("stopped", "crashed")]
+        for status in self.status.values():
+            if status.state == "restarting":  # between incarnations: nothing to ask to stop
+                self._scopes[status.name].cancel()
+        running = [
+            s for s in self.status.values() if s.state not in ("stopped", "crashed", "restarting")
+        ]
         for status in running:
             body = ShutdownBody(incarnation=status.incarnation or None, reason="team shutdown")
             await self.mail.send(
@@ -285,30 +293,62 @@ class Team:
                 runner: Runner | None = None
                 try:
                     runner = Runner(self, teammate, incarnation, status, carried, attempts)
-                    try:
-                        async with anyio.create_task_group() as incarnation_tasks:
-                            incarnation_tasks.start_soon(runner.desk.listen)
-                            await runner.serve(ready)
-                            incarnation_tasks.cancel_scope.cancel()
+                    crash = await self._incarnation(runner, ready)
+                    if crash is None:
                         status.state = "stopped"
                         return
-                    except Exception as group:  # a crash: reported below, never swallowed
-                        exc = _sole(group)
-                        restarting = policy.on_failure and status.restarts < policy.max_restarts
-                        await runner.report_crash(exc, restarting)
-                        status.state = "restarting" if restarting else "crashed"
-                        if not restarting:
-                            ready()
-                            return
+                    restarting = policy.on_failure and status.restarts < policy.max_restarts
+                    await runner.report_crash(crash, restarting)
+                    status.state = "restarting" if restarting else "crashed"
+                    if not restarting:
+                        ready()
+                        return
                 finally:
                     if runner is not None:
+                        self._runners.pop(teammate.name, None)
                         carried = runner.final_state()
                         await runner.close()
                     lease.release()
+                if self._stopping:
+                    status.state = "stopped"  # the team is shutting down: no new incarnation
+                    return
                 await anyio.sleep(policy.delay(status.restarts))
                 status.restarts += 1
         if status.state not in ("stopped", "crashed"):
             status.state = "stopped"
+
+    async def _incarnation(self, runner: Runner, ready: Callable[[], None]) -> Exception | None:
+        """Run one incarnation (its desk's listener beside it); the crash, if it crashed."""
+        self._runners[runner.name] = runner
+        try:
+            with anyio.CancelScope() as scope:
+                runner.scope = scope
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(runner.desk.listen)
+                    await runner.serve(ready)
+                    tasks.cancel_scope.cancel()
+        except Exception as group:  # a crash: reported by the caller, never swallowed
+            return _sole(group)
+        if runner.cancelled is not None:
+            return TeammateCancelled(runner.cancelled)
+        return None
+
+    async def cancel(self, member: str, reason: str) -> None:
+        """Stop `member`'s current incarnation now, whatever it is doing (a hung teammate).
+
+        Handled like a crash: the lead gets a `teammate_crashed` notice, the task it was on is
+        answered with a `TeammateCrashed` error naming `reason` (and not resumed), and its
+        restart policy decides whether a new incarnation starts.
+        """
+        runner = self._runners.get(member)
+        if runner is None or runner.scope is None:
+            raise UsageError(f"{member!r} is not running in this team")
+        runner.cancelled = reason
+        runner.scope.cancel()
+
+
+class TeammateCancelled(Exception):
+    """An incarnation stopped by `Team.cancel` (reported like a crash)."""
 
 
 def _sole(exc: Exception) -> Exception:
