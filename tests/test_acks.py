@@ -69,6 +69,7 @@ def test_any_ack_order_redelivers_exactly_the_unacked(data: st.DataObject) -> No
     for id_ in acked:
         assert tracker.ack(id_)
         tracker.cursor()  # a commit after every ack, as ack() does
+        assert tracker._firsts == sorted(tracker._by_first)  # the runs' index stays exact
     again = _restart_delivers(tracker, ids)
     unacked = [id_ for id_ in ids if id_ not in acked]
     # never lost: every unacked envelope comes again; past the run cap an acked one may too

@@ -14,7 +14,7 @@ Nothing here may touch a file, a lock or the event loop; everything is tested in
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import json
 import zlib
 from collections import deque
@@ -381,6 +381,7 @@ class AckTracker:
         self._outstanding: dict[str, int] = {}  # delivered, not acked: id -> index
         self._by_first: dict[int, int] = {}  # handled runs: first index -> last index
         self._by_last: dict[int, int] = {}  # and last index -> first index
+        self._firsts: list[int] = []  # every run's first index, sorted (bisect: C speed)
         self._recent: deque[str] = deque()
         self._persisted: deque[str] = deque(maxlen=RECENT_IDS_PERSISTED)
         self._recent_set: set[str] = set()
@@ -427,6 +428,7 @@ class AckTracker:
         last = self._by_first.pop(self._base, None)
         if last is not None:
             del self._by_last[last]
+            del self._firsts[0]  # the smallest first index is the base
             for index in range(self._base, last + 1):
                 entry_segment, end, entry_seq = items.pop(index)
                 if entry_seq >= 0:
@@ -434,11 +436,9 @@ class AckTracker:
             segment, offset = entry_segment, end
             self._base = last + 1
         runs = self._by_first
-        if len(runs) <= self.max_runs:
-            firsts = sorted(runs)
-        else:
-            firsts = heapq.nsmallest(self.max_runs, runs)
-        ahead = tuple(items[first - 1][:2] + items[runs[first]][:2] for first in firsts)
+        ahead = tuple(
+            items[first - 1][:2] + items[runs[first]][:2] for first in self._firsts[: self.max_runs]
+        )
         self.committed = Cursor(segment, offset, seq, (), tuple(self._persisted), ahead)
         return self.committed
 
@@ -470,6 +470,17 @@ class AckTracker:
             last = after
         self._by_first[first] = last
         self._by_last[last] = first
+        firsts = self._firsts
+        if after is None:
+            if before is None:  # a new run (appending, in the usual case)
+                if not firsts or firsts[-1] < index:
+                    firsts.append(index)
+                else:
+                    bisect.insort(firsts, index)
+        elif before is None:  # the run that started at index + 1 now starts at index
+            firsts[bisect.bisect_left(firsts, index + 1)] = index
+        else:  # two runs became one: the later one's first index goes
+            del firsts[bisect.bisect_left(firsts, index + 1)]
 
     def _handled_before_restart(self, segment: int, end: int) -> bool:
         runs, position = self._restart_runs, (segment, end)
