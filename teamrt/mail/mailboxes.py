@@ -1,11 +1,12 @@
 """Mailboxes: sending, receiving, acks, request/response and broadcast over any store.
 
-Theory of operation. `send` encodes an envelope once and has the store append it; a receiver in the
-same process is woken directly, one in another process by the store's watcher (inotify), and a
-slow shared rescan covers lost notifications. An `Inbox` belongs to one owner: it reads new lines
-from its cursor, routes responses to the `request` calls awaiting them (dropping duplicates),
-queues everything else for `receive`, and turns acks into committed cursors. Duplicates (the same
-id again, after a sender retried) are dropped; corrupt lines are quarantined and skipped.
+Theory of operation. `send` encodes an envelope once (refusing NaN and Infinity, signing it when
+the team has a key) and has the store append it; a broadcast is appended to every other member's
+inbox and reports exactly who got it if some appends fail. A receiver in the same process is woken
+directly, one in another process by the store's watcher (inotify), and a slow shared rescan covers
+lost notifications. Each `Inbox` (inbox.py) belongs to one owner, holding its member's lease; it
+routes responses to the `request` calls awaiting them. `request(consume=False)` watches the
+sender's inbox from its end instead, for tools beside a live owner.
 
 Everything here is store-agnostic: no file or lock is touched in this module.
 """
@@ -17,14 +18,11 @@ import itertools
 import math
 import os
 import time
-from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
 import anyio
-from anyio import WouldBlock
 from anyio.abc import TaskGroup
 from pydantic import ValidationError
 
@@ -41,363 +39,36 @@ from teamrt.errors import (
     EnvelopeTooLarge,
     MailboxClosed,
     PartialBroadcast,
-    ReceiveTimeout,
     RemoteError,
     RequestTimeout,
     StoreError,
     UsageError,
 )
 from teamrt.mail.filestore import FileStore
-from teamrt.mail.group import GroupCommit
-from teamrt.mail.log import (
-    AckTracker,
-    Corrupt,
-    Frame,
-    decode_line,
-    encode,
-)
+from teamrt.mail.inbox import Inbox, InboxStatistics, _Reply
+from teamrt.mail.log import decode_line, encode
 from teamrt.mail.memory import MemoryStore
 from teamrt.mail.signing import Signer, team_key
-from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Lease, Store
+from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Store
+
+__all__ = [
+    "DEFAULT_COMMIT_DELAY",
+    "DEFAULT_RESCAN_INTERVAL",
+    "FileMailboxes",
+    "Inbox",
+    "InboxStatistics",
+    "Mailboxes",
+    "MemoryMailboxes",
+]
 
 DEFAULT_RESCAN_INTERVAL = 1.0
 #: How long background cursor commits (ack_nowait, routed responses) wait to batch acks.
 DEFAULT_COMMIT_DELAY = 0.01
 _POLL_INTERVAL = 0.05  # where the platform has no file notifications
-_REMEMBERED_REQUESTS = 4096
 
 
 def _batch_key(envelope: Envelope) -> str:
     return envelope.recipient  # "*" for broadcasts, which are sent one by one
-
-
-class _BoundedSet:
-    """Remembers the most recent `size` keys."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._keys: OrderedDict[str, None] = OrderedDict()
-
-    def add(self, key: str) -> None:
-        self._keys[key] = None
-        if len(self._keys) > self._size:
-            self._keys.popitem(last=False)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._keys
-
-
-@dataclass(frozen=True, slots=True)
-class InboxStatistics:
-    """A snapshot of one inbox's counters in this process."""
-
-    name: str
-    ready: int  # read and waiting for receive()
-    unacked: int  # delivered (or ready) and not acked yet
-    pending_requests: int  # requests from this agent awaiting their response
-    quarantined: int  # corrupt lines skipped since open
-    duplicates_dropped: int  # envelopes with an id already handled
-    duplicate_responses: int  # second answers to an already answered request
-    late_responses: int  # answers that arrived after their request timed out
-    rejected_responses: int = 0  # answers to a pending request from someone it did not ask
-
-
-class _Reply:
-    __slots__ = ("expected", "response")
-
-    def __init__(self, expected: str) -> None:
-        self.expected = expected  # the member that was asked
-        self.response: Response | None = None
-
-
-class Inbox:
-    """One agent's inbox, owned by this process: `receive`, `receive_nowait`, `ack`.
-
-    Acks are per envelope and may come in any order; the committed cursor covers the handled
-    prefix plus the ids acked beyond it, so after a restart exactly the unacked envelopes come
-    again.
-    """
-
-    def __init__(self, mailboxes: Mailboxes, name: str) -> None:
-        self.name = name
-        self._mailboxes = mailboxes
-        self._store = store = mailboxes.store
-        # one consumer per inbox: this process's lease on the member, shared with a Team of
-        # this process that already holds it (then re-taken if that Team lets it go)
-        self._lease: Lease | None = None
-        if not store.lease_held(name):
-            self._lease = store.acquire_lease(name, self._holder())
-        try:
-            self._reader = store.reader(name)
-            try:
-                cursor = self._reader.load_cursor()
-                self._reader.seek(cursor)
-            except BaseException:
-                self._reader.close()
-                raise
-        except BaseException:
-            if self._lease is not None:
-                self._lease.release()
-            raise
-        self._tracker = AckTracker(cursor)
-        self._team = store.team
-        self._signer = mailboxes._signer
-        self._ready: deque[Envelope] = deque()  # decoded by _pump(), not yet received
-        self._frames: deque[Frame] = deque()  # read, not yet decoded
-        self._segment = cursor.segment  # the segment the frames come from
-        self._max_line = store.max_line
-        self._event: anyio.Event | None = None
-        self._pending: dict[str, _Reply] = {}
-        self._answered = _BoundedSet(_REMEMBERED_REQUESTS)
-        self._timed_out = _BoundedSet(_REMEMBERED_REQUESTS)
-        self._quarantined = self._duplicates = self._duplicate_responses = self._late = 0
-        self._rejected = 0
-        self._closed = False
-        self._commits = GroupCommit(self._commit)
-        store.watch_inbox(name)
-
-    # -- receiving --
-
-    def _holder(self) -> str:
-        return f"pid {os.getpid()}, inbox of {self.name}"
-
-    def _check_lease(self) -> None:
-        """Re-take the member's lease if the holder this inbox shared it with let it go (a
-        Team between two incarnations); reload from the committed cursor if another consumer
-        committed meanwhile."""
-        self._lease = self._store.acquire_lease(self.name, self._holder())
-        if self._reader.changed_elsewhere():
-            cursor = self._reader.load_cursor()
-            self._reader.seek(cursor)
-            self._tracker = AckTracker(cursor)
-            self._segment = cursor.segment
-            self._ready.clear()
-            self._frames.clear()
-
-    def receive_nowait(self) -> Envelope:
-        """The next envelope, or raise `anyio.WouldBlock` if none is there yet."""
-        if self._lease is None and not self._store.lease_held(self.name):
-            self._check_lease()
-        if self._ready:
-            return self._ready.popleft()
-        if self._closed:
-            raise MailboxClosed(f"{self.name}'s inbox is closed")
-        envelope = self._next()
-        if envelope is None:
-            raise WouldBlock
-        return envelope
-
-    async def receive(self, timeout: float | None = None) -> Envelope:
-        """Wait for the next envelope; raise `ReceiveTimeout` after `timeout` seconds."""
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                return self.receive_nowait()
-            except WouldBlock:
-                pass
-            if not await self._wait(deadline):
-                raise ReceiveTimeout(f"nothing arrived in {self.name}'s inbox within {timeout:g}s")
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Envelope:
-        return await self.receive()
-
-    async def ack(self, *envelopes: Envelope) -> None:
-        """Mark envelopes handled; return once the cursor that says so is committed.
-
-        Concurrent acks share one commit. The commit runs in a worker thread, so the event loop
-        is not blocked by the file system (a rename over a file can cost ~0.6 ms on ext4).
-        """
-        if self._mark(envelopes):
-            await self._commits.wait(self._commits.ticket())
-
-    def ack_nowait(self, *envelopes: Envelope) -> None:
-        """Mark envelopes handled; the cursor is committed in the background, soon.
-
-        If the process dies before that commit, the envelopes are delivered again (delivery is
-        at-least-once either way). `flush()` waits for the commit.
-        """
-        if self._mark(envelopes):
-            self._commits.ticket()
-            self._mailboxes._commit_soon(self)
-
-    def release(self, *envelopes: Envelope) -> None:
-        """Hand back envelopes that were received but not acked: the next `receive` calls get
-        them again, in the order given, before anything newer.
-
-        This is redelivery within one process (a restart in another process gets every
-        unacked envelope again from the committed cursor anyway). Releasing an acked envelope
-        is a usage error: it would be handled twice.
-        """
-        if self._closed:
-            raise MailboxClosed(f"{self.name}'s inbox is closed")
-        for envelope in envelopes:
-            if not self._tracker.is_outstanding(envelope.id):
-                raise UsageError(
-                    f"envelope {envelope.id} is not received and unacked: it cannot be released"
-                )
-        self._ready.extendleft(reversed(envelopes))
-        if envelopes:
-            self._signal()
-
-    async def flush(self) -> None:
-        """Wait until every ack so far is in the committed cursor."""
-        await self._commits.wait(self._commits.requested)
-
-    def _mark(self, envelopes: tuple[Envelope, ...]) -> bool:
-        if self._closed:
-            raise MailboxClosed(f"{self.name}'s inbox is closed")
-        changed = False
-        for envelope in envelopes:
-            changed = self._tracker.ack(envelope.id) or changed
-        return changed
-
-    def statistics(self) -> InboxStatistics:
-        return InboxStatistics(
-            self.name,
-            len(self._ready) + len(self._frames),
-            self._tracker.unacked,
-            len(self._pending),
-            self._quarantined,
-            self._duplicates,
-            self._duplicate_responses,
-            self._late,
-            self._rejected,
-        )
-
-    # -- internals shared with Mailboxes --
-
-    async def _commit(self) -> None:
-        cursor = self._tracker.cursor()
-        if self._mailboxes.store.blocking_commits:
-            await anyio.to_thread.run_sync(self._reader.commit, cursor)
-        else:
-            self._reader.commit(cursor)
-
-    def _signal(self) -> None:
-        event = self._event
-        if event is not None:
-            self._event = None
-            event.set()
-
-    def _has_new(self) -> bool:
-        return self._event is not None and self._reader.has_new()
-
-    async def _wait(self, deadline: float) -> bool:
-        """Wait for a wake-up; False once `deadline` (monotonic) has passed."""
-        event = self._event
-        if event is None:
-            event = self._event = anyio.Event()
-        if self._frames or self._reader.has_new():  # came before the event existed
-            return True
-        if deadline == math.inf:
-            await event.wait()
-            return True
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        with anyio.move_on_after(remaining):
-            await event.wait()
-            return True
-        return False
-
-    def _next(self) -> Envelope | None:
-        """Decode lines until one is for `receive`; None when nothing more is there.
-
-        Lines are decoded one at a time, as they are handed out, so a large backlog never turns
-        into a large batch of live envelopes (which the garbage collector would keep scanning).
-        This is the receive hot path: it avoids intermediate objects for good lines.
-        """
-        frames, tracker = self._frames, self._tracker
-        while True:
-            if not frames:
-                segment, new = self._reader.read()
-                if not new:
-                    return None
-                self._segment = segment
-                frames.extend(new)
-            frame = frames.popleft()
-            _, end, raw, too_long = frame
-            decoded = decode_line(raw) if not too_long else None
-            if not isinstance(decoded, Envelope):
-                reason = decoded or f"line longer than {self._max_line} bytes"
-                self._quarantine(Corrupt(frame[0], end, reason, raw))
-                continue
-            if (
-                decoded.team != self._team
-                or (decoded.recipient != self.name and decoded.recipient != "*")
-                or (self._signer is not None and not self._signer.verify(raw, self._team))
-            ):
-                self._quarantine(Corrupt(frame[0], end, self._misfiled(decoded), raw))
-                continue
-            if not tracker.deliver(decoded.id, self._segment, end, decoded.seq):
-                self._duplicates += 1
-                continue
-            if not isinstance(decoded, Response) or self._route(decoded):
-                return decoded
-
-    def _misfiled(self, envelope: Envelope) -> str:
-        if envelope.team != self._team:
-            return f"wrong team: {envelope.team!r} in the inbox of {self.name} of {self._team!r}"
-        if envelope.recipient != self.name and envelope.recipient != "*":
-            return f"wrong recipient: {envelope.recipient!r} in the inbox of {self.name}"
-        return "bad signature"
-
-    def _quarantine(self, item: Corrupt) -> None:
-        self._reader.quarantine(self._segment, item)
-        self._tracker.skipped((self._segment, item.end))
-        self._quarantined += 1
-
-    def _route(self, response: Response) -> bool:
-        """Hand a response to the request awaiting it; True if it is for `receive` instead."""
-        request_id = response.in_reply_to
-        reply = self._pending.get(request_id)
-        if reply is not None and response.sender != reply.expected:
-            # not from the member that was asked: flagged and dropped; the real answer wins
-            self._tracker.ack(response.id)
-            self._rejected += 1
-            self._commits.ticket()
-            self._mailboxes._commit_soon(self)
-            return False
-        if reply is not None:
-            del self._pending[request_id]
-            reply.response = response
-            self._answered.add(request_id)
-            self._tracker.ack(response.id)  # handled by request(): commit in the background
-            self._commits.ticket()
-            self._mailboxes._commit_soon(self)
-            self._signal()  # requesters waiting on this inbox check their replies
-            return False
-        if request_id in self._answered:
-            self._tracker.ack(response.id)
-            self._duplicate_responses += 1
-            return False
-        if request_id in self._timed_out:
-            self._late += 1
-        return True
-
-    def _pump(self) -> None:
-        """Read everything there is, so that responses reach their requests; envelopes for
-        `receive` wait in order in the ready queue."""
-        if self._lease is None and not self._store.lease_held(self.name):
-            self._check_lease()
-        queued = False
-        while (envelope := self._next()) is not None:
-            self._ready.append(envelope)
-            queued = True
-        if queued:
-            self._signal()  # a receiver waiting on this inbox has something now
-
-    def _close(self) -> None:
-        self._closed = True
-        self._pending.clear()
-        self._reader.close()
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
-        self._signal()
 
 
 class Mailboxes:
