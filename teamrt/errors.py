@@ -23,6 +23,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     ├── ReceiveTimeout(TimeoutError)         nothing arrived in an inbox in time
     ├── RequestTimeout(TimeoutError)         a peer did not answer before the deadline
     ├── RemoteError                          a peer answered with an error response
+    ├── Deadlock                             a request would close a cycle of waiting members
     ├── LimitExceeded                        an agent hit one of its limits (a clean stop)
     ├── StopRequested                        an agent was asked to stop (e.g. team shutdown)
     ├── ToolCrashed                          a tool raised SystemExit or another BaseException
@@ -154,6 +155,12 @@ class LimitExceeded(TeamrtError):
 
 class StopRequested(TeamrtError):
     """Raised by an agent's step hook to end the run cleanly at a step boundary."""
+
+
+class Deadlock(TeamrtError):
+    """A request that would close a cycle of members waiting on each other (A asks B while B,
+    busy, waits on A): refused at once, naming the cycle, instead of every request in it
+    waiting for its timeout."""
 
 
 class ToolCrashed(TeamrtError):

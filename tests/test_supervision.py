@@ -185,3 +185,33 @@ async def test_a_hung_teammate_can_be_cancelled_and_restarted() -> None:
                     await team.cancel("w", "no answer in 30 s")
             assert "TeammateCancelled: no answer in 30 s" in outcome[0]
             assert (await team.ask("w", "next", timeout=5)).answer == "answered"
+
+
+async def test_a_request_cycle_between_busy_members_is_broken_at_once() -> None:
+    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+        if messages[-1].role == "tool":
+            return f"got: {messages[-1].content}"
+        other = "b" if _newest(messages).startswith("ask b") else "a"
+        if _newest(messages).startswith("ask"):
+            return call("request", to=other, text=f"ask {'a' if other == 'b' else 'b'} back")
+        return "plain answer"
+
+    async with MemoryMailboxes() as mail:
+        members = [Teammate(n, FunctionModel(brain)) for n in ("a", "b")]
+        async with Team(mail, members) as team:
+            with anyio.fail_after(5):  # not the 30 s request timeout
+                result = await team.ask("a", "ask b", timeout=10)
+    # a asks b; b, busy with that, asks a back: that closes the cycle and is refused at once
+    assert result.answer is not None
+    assert "Deadlock: b -> a -> b" in result.answer
+
+
+async def test_an_undeclared_remote_member_is_refused() -> None:
+    from teamrt.errors import UsageError
+
+    async with MemoryMailboxes(members=["lead", "writer"]) as mail:
+        with pytest.raises(UsageError, match=r"\['wirter'\] are not in the team's roster"):
+            async with Team(mail, [], remote=["wirter"]):
+                pass
+        async with Team(mail, [], remote=["writer"]):
+            pass

@@ -12,7 +12,9 @@ journal holds the step that showed it, and there is no `reply` tool (requests ar
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import anyio
@@ -51,11 +53,13 @@ def messaging_tools(
     default_timeout: float = 30.0,
     desk: LetterSource | None = None,
     resolve: Callable[[str], str] = lambda name: name,
+    waiting: Callable[[str, str], AbstractContextManager[None]] | None = None,
 ) -> list[Tool]:
     """The messaging tools for agent `me` on `mail` (`desk`: see the module docstring).
 
     `resolve` maps a name the model uses to a member (a team maps a pool's role to its least
-    busy replica)."""
+    busy replica). `waiting(me, to)` is entered while `request` waits for `to` (a team uses it
+    to refuse a request that would close a cycle of members waiting on each other)."""
     received: dict[str, Request] = {}  # requests handed to the model and not yet answered
 
     @tool
@@ -96,7 +100,9 @@ def messaging_tools(
     @tool
     async def request(to: str, text: str, timeout: float = default_timeout) -> dict[str, Any]:
         """Ask a teammate something and wait up to `timeout` seconds for the answer."""
-        response = await mail.request(Envelope.request(me, resolve(to), text, timeout=timeout))
+        member = resolve(to)
+        with waiting(me, member) if waiting is not None else contextlib.nullcontext():
+            response = await mail.request(Envelope.request(me, member, text, timeout=timeout))
         return {"from": response.sender, "answer": response.body}
 
     @tool

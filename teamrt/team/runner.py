@@ -215,7 +215,13 @@ class Runner:
         model = teammate.make_model()
         tools: list[Tool | Callable[..., Any]] = [
             *teammate.tools,
-            *messaging_tools(self.mail, self.name, desk=self.desk, resolve=self.team.pick),
+            *messaging_tools(
+                self.mail,
+                self.name,
+                desk=self.desk,
+                resolve=self.team.pick,
+                waiting=self.team.waiting,
+            ),
         ]
         if teammate.delegate:
             tools.append(

@@ -14,10 +14,11 @@ Everything between teammates goes through the mailboxes; nothing here shares an 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -27,7 +28,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from teamrt.agents.state import AgentState
 from teamrt.envelopes import Envelope, Request, new_id
-from teamrt.errors import TeammateGone, UsageError
+from teamrt.errors import Deadlock, TeammateGone, UsageError
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.team.config import MemberStatus, TeamBudget, Teammate
 from teamrt.team.protocol import (
@@ -105,10 +106,20 @@ class Team:
         self._task_group: TaskGroup | None = None
         self._serving_lead = False
         self._runners: dict[str, Runner] = {}  # the current incarnation of each member
+        self._waits_for: dict[str, list[str]] = {}  # member -> members its requests wait on
         self._stopping = False
 
     async def __aenter__(self) -> Self:
-        for name in (self.lead, *self.teammates, *self.remote):
+        roster = self.mail.members
+        undeclared = [name for name in self.remote if name not in roster]
+        if undeclared:
+            raise UsageError(
+                f"remote members {undeclared} are not in the team's roster "
+                f"({', '.join(roster) or 'empty'}): a remote member is run elsewhere, so it "
+                "must be declared first (FileMailboxes(..., members=[...]) or `teamrt run-agent "
+                "--join`); check the spelling"
+            )
+        for name in (self.lead, *self.teammates):
             await self.mail.add_member(name)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
@@ -178,6 +189,40 @@ class Team:
             return (self._in_flight.get(member, 0), status.state != "idle")
 
         return min(live, key=load)
+
+    @contextlib.contextmanager
+    def waiting(self, member: str, on: str) -> Iterator[None]:
+        """`member` waits on a request to `on`: refuse it with `Deadlock` if `on` (or whoever
+        `on` waits on, and so on) is waiting on `member` (the wait-for graph of this team's
+        members, in this process)."""
+        cycle = self._path(on, member)
+        if cycle is not None:
+            chain = " -> ".join([member, *cycle])
+            raise Deadlock(
+                f"{chain}: {on} is busy waiting (through this chain) on {member}, so "
+                f"{member}'s request to {on} could only time out; refused"
+            )
+        edges = self._waits_for.setdefault(member, [])
+        edges.append(on)
+        try:
+            yield
+        finally:
+            edges.remove(on)
+            if not edges:
+                del self._waits_for[member]
+
+    def _path(self, start: str, goal: str) -> list[str] | None:
+        """A chain of waits from `start` to `goal`, if there is one."""
+        stack, seen = [[start]], {start}
+        while stack:
+            path = stack.pop()
+            if path[-1] == goal:
+                return path
+            for nxt in self._waits_for.get(path[-1], ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append([*path, nxt])
+        return None
 
     # -- the lead's inbox --
 
