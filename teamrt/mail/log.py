@@ -1,26 +1,20 @@
-"""The inbox log format, with no I/O: encoding, torn-tail-aware decoding and cursor arithmetic.
+"""The inbox log format, with no I/O: encoding and torn-tail-aware decoding.
 
 Theory of operation. An inbox is a sequence of JSON lines. A sender encodes an envelope once,
 outside any lock, without `seq` and `team`; under the inbox lock the store splices those two in
 front (`stamp`) and appends the line. A reader feeds whatever bytes it read to a `LineDecoder`,
 which yields one item per complete line, a decoded `Record` or a `Corrupt` line with its offset and
 reason, and keeps an unterminated tail for the next feed, because a tail without its newline may be
-a write still in progress. An `AckTracker` turns per-envelope acks into a committed `Cursor`: the
-offset before which everything is handled, plus the ids acked beyond it and the recent ids used to
-drop duplicates.
+a write still in progress. What the owner has handled (`Cursor`, `AckTracker`) is in cursor.py,
+re-exported here.
 
 Nothing here may touch a file, a lock or the event loop; everything is tested in memory.
 """
 
 from __future__ import annotations
 
-import bisect
-import json
-import zlib
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -34,10 +28,18 @@ from teamrt.envelopes import (
     payload_model,
 )
 
+# the cursor arithmetic lives in cursor.py; its names stay importable from here
+from teamrt.mail.cursor import (
+    MAX_PERSISTED_RUNS,
+    RECENT_IDS_PERSISTED,
+    AckTracker,
+    Cursor,
+    Position,
+    Range,
+)
+
 #: Lines longer than this are quarantined unread (the whole line, up to this many bytes, is kept).
 DEFAULT_MAX_LINE = 1 << 20
-#: How many recently handled ids the committed cursor keeps for dropping duplicates.
-RECENT_IDS_PERSISTED = 64  # keeps a cursor slot within one 4 KiB page
 
 # the schema validators themselves: BaseModel.model_validate_json adds ~1 us of Python per call
 _VALIDATOR_BY_KIND = {
@@ -261,247 +263,23 @@ def decode_all(
     return items, decoder.offset - decoder.position
 
 
-# --- cursor arithmetic ------------------------------------------------------------------------
-
-Position = tuple[int, int]  # (segment number, byte offset within it)
-#: A run of handled lines beyond the cursor: every line whose end lies in (from, to].
-Range = tuple[int, int, int, int]  # (from segment, from offset, to segment, to offset)
-#: Out-of-order ack runs persisted in the cursor; runs past this stay in memory only (their
-#: envelopes are delivered again after a restart) until the owner acks its oldest gap.
-MAX_PERSISTED_RUNS = 256
-
-
-@dataclass(frozen=True, slots=True)
-class Cursor:
-    """What an inbox's owner has handled: everything before `(segment, offset)`, plus the runs
-    of lines handled beyond it (`ahead`, acks in any order).
-
-    `seq` is the seq of the last envelope before the offset (-1 if none), used to report lag.
-    `recent` holds the most recently handled ids; an envelope carrying one of them again (a
-    sender that retried after a crash) is a duplicate and is dropped. `tail` is the CRC-32 of
-    the (up to) 256 bytes before the offset in its segment, written by the store so that a log
-    truncated or replaced under the cursor is noticed. `acked` is the format's older way of
-    saying what was handled ahead (ids); it is read, never written.
-    """
-
-    segment: int = 0
-    offset: int = 0
-    seq: int = -1
-    acked: tuple[str, ...] = ()
-    recent: tuple[str, ...] = ()
-    ahead: tuple[Range, ...] = ()
-    tail: str | None = None
-
-    def to_json_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "v": 1,
-            "segment": self.segment,
-            "offset": self.offset,
-            "seq": self.seq,
-            "ahead": [list(r) for r in self.ahead],
-            "recent": list(self.recent),
-        }
-        if self.acked:
-            data["acked"] = list(self.acked)
-        if self.tail is not None:
-            data["tail"] = self.tail
-        return data
-
-    def encode_slot(self, gen: int, size: int) -> bytes | None:
-        """This cursor as one slot of the cursor file: JSON with generation and CRC, padded
-        with spaces to `size` bytes including the final newline. None if it does not fit."""
-        fields = {"gen": gen, **self.to_json_dict()}
-        body = json.dumps(fields, separators=(",", ":"))[:-1].encode()
-        line = b'%b,"crc":"%08x"}' % (body, zlib.crc32(body))
-        if len(line) >= size:
-            return None
-        return line.ljust(size - 1) + b"\n"
-
-    @classmethod
-    def decode_slots(cls, data: bytes) -> tuple[Cursor, int] | None:
-        """The newest valid slot of a cursor file (cursor, generation), or None if none is.
-
-        A slot whose CRC does not match (a write torn by a crash) is ignored: the other slot
-        still holds the previous cursor.
-        """
-        best: tuple[Cursor, int] | None = None
-        for raw in data.split(b"\n"):
-            line = raw.strip()
-            mark = line.rfind(b',"crc":"')
-            if mark < 0 or line[mark + 8 : mark + 16] != b"%08x" % zlib.crc32(line[:mark]):
-                continue
-            try:
-                fields = json.loads(line)
-                cursor, gen = cls.from_json_dict(fields), int(fields["gen"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            if best is None or gen > best[1]:
-                best = (cursor, gen)
-        return best
-
-    @classmethod
-    def from_json_dict(cls, data: dict[str, Any]) -> Cursor:
-        ahead = tuple((int(a), int(b), int(c), int(d)) for a, b, c, d in data.get("ahead", ()))
-        tail = data.get("tail")
-        return cls(
-            int(data["segment"]),
-            int(data["offset"]),
-            int(data.get("seq", -1)),
-            tuple(str(x) for x in data.get("acked", ())),
-            tuple(str(x) for x in data.get("recent", ())),
-            ahead,
-            None if tail is None else str(tail),
-        )
-
-
-class AckTracker:
-    """Turns deliveries and acks (in any order) into the cursor to commit, at a cost per ack
-    that does not grow with the number of acks held behind an unacked envelope.
-
-    Every item read from the log must pass through it in log order, as `deliver` (an envelope
-    the owner will ack) or `skipped` (a corrupt line or a duplicate, handled at once). Items get
-    consecutive indexes; handled items beyond the first unhandled one form runs of indexes,
-    merged with their neighbours in O(1) per ack (two dicts keyed by each run's first and last
-    index), and the cursor persists the runs as byte ranges.
-    """
-
-    def __init__(
-        self,
-        committed: Cursor | None = None,
-        memory: int = 4096,
-        max_runs: int = MAX_PERSISTED_RUNS,
-    ) -> None:
-        self.committed = committed = committed or Cursor()
-        self.memory = memory  # ids remembered in-process for dedup (the cursor persists fewer)
-        self.max_runs = max_runs
-        self._base = 0  # index of the first item not yet passed by the cursor
-        self._next = 0
-        # index -> (segment, end offset, seq) of items not yet passed by the cursor
-        self._items: dict[int, tuple[int, int, int]] = {}
-        self._outstanding: dict[str, int] = {}  # delivered, not acked: id -> index
-        self._by_first: dict[int, int] = {}  # handled runs: first index -> last index
-        self._by_last: dict[int, int] = {}  # and last index -> first index
-        self._firsts: list[int] = []  # every run's first index, sorted (bisect: C speed)
-        self._recent: deque[str] = deque()
-        self._persisted: deque[str] = deque(maxlen=RECENT_IDS_PERSISTED)
-        self._recent_set: set[str] = set()
-        self._legacy_acked = set(committed.acked)  # from a cursor in the older format
-        self._restart_runs = sorted(committed.ahead)  # handled before a restart
-        self._restart_i = 0
-        for id_ in committed.recent:
-            self._remember(id_)
-
-    def deliver(self, id_: str, segment: int, end: int, seq: int | None) -> bool:
-        """Record a delivery in log order; False (the line is then skipped) if `id_` was
-        handled already: recently, ahead of the cursor before a restart, or delivered and not
-        yet acked."""
-        seq = -1 if seq is None else seq
-        if (
-            id_ in self._recent_set
-            or id_ in self._outstanding
-            or (self._restart_runs and self._handled_before_restart(segment, end))
-            or (self._legacy_acked and self._legacy_acked_once(id_))
-        ):
-            self._add(segment, end, seq, handled=True)
-            return False
-        self._outstanding[id_] = self._add(segment, end, seq, handled=False)
-        return True
-
-    def skipped(self, end: Position, seq: int | None = None, id_: str | None = None) -> None:
-        """An item handled without the owner's ack: a corrupt line, a duplicate, an acked id."""
-        self._add(end[0], end[1], -1 if seq is None else seq, handled=True)
-
-    def ack(self, id_: str) -> bool:
-        """Mark `id_` handled; False if it was not delivered or is already acked."""
-        index = self._outstanding.pop(id_, None)
-        if index is None:
-            return False
-        self._mark(index)
-        self._remember(id_)
-        return True
-
-    def cursor(self) -> Cursor:
-        """Advance over the handled prefix and return the cursor to commit."""
-        committed = self.committed
-        segment, offset, seq = committed.segment, committed.offset, committed.seq
-        items = self._items
-        last = self._by_first.pop(self._base, None)
-        if last is not None:
-            del self._by_last[last]
-            del self._firsts[0]  # the smallest first index is the base
-            for index in range(self._base, last + 1):
-                entry_segment, end, entry_seq = items.pop(index)
-                if entry_seq >= 0:
-                    seq = entry_seq
-            segment, offset = entry_segment, end
-            self._base = last + 1
-        runs = self._by_first
-        ahead = tuple(
-            items[first - 1][:2] + items[runs[first]][:2] for first in self._firsts[: self.max_runs]
-        )
-        self.committed = Cursor(segment, offset, seq, (), tuple(self._persisted), ahead)
-        return self.committed
-
-    @property
-    def unacked(self) -> int:
-        return len(self._outstanding)
-
-    def is_outstanding(self, id_: str) -> bool:
-        """True if `id_` was delivered and is not acked yet."""
-        return id_ in self._outstanding
-
-    def _add(self, segment: int, end: int, seq: int, *, handled: bool) -> int:
-        index = self._next
-        self._next = index + 1
-        self._items[index] = (segment, end, seq)
-        if handled:
-            self._mark(index)
-        return index
-
-    def _mark(self, index: int) -> None:
-        first = last = index
-        before = self._by_last.pop(index - 1, None)
-        if before is not None:
-            del self._by_first[before]
-            first = before
-        after = self._by_first.pop(index + 1, None)
-        if after is not None:
-            del self._by_last[after]
-            last = after
-        self._by_first[first] = last
-        self._by_last[last] = first
-        firsts = self._firsts
-        if after is None:
-            if before is None:  # a new run (appending, in the usual case)
-                if not firsts or firsts[-1] < index:
-                    firsts.append(index)
-                else:
-                    bisect.insort(firsts, index)
-        elif before is None:  # the run that started at index + 1 now starts at index
-            firsts[bisect.bisect_left(firsts, index + 1)] = index
-        else:  # two runs became one: the later one's first index goes
-            del firsts[bisect.bisect_left(firsts, index + 1)]
-
-    def _handled_before_restart(self, segment: int, end: int) -> bool:
-        runs, position = self._restart_runs, (segment, end)
-        while self._restart_i < len(runs) and position > runs[self._restart_i][2:]:
-            self._restart_i += 1
-        if self._restart_i == len(runs):
-            self._restart_runs = []
-            return False
-        return position > runs[self._restart_i][:2]
-
-    def _legacy_acked_once(self, id_: str) -> bool:
-        if id_ in self._legacy_acked:
-            self._legacy_acked.discard(id_)
-            return True
-        return False
-
-    def _remember(self, id_: str) -> None:
-        if id_ in self._recent_set:
-            return
-        self._recent.append(id_)
-        self._persisted.append(id_)
-        self._recent_set.add(id_)
-        if len(self._recent) > self.memory:
-            self._recent_set.discard(self._recent.popleft())
+__all__ = [
+    "DEFAULT_MAX_LINE",
+    "MAX_PERSISTED_RUNS",
+    "RECENT_IDS_PERSISTED",
+    "AckTracker",
+    "Corrupt",
+    "Cursor",
+    "Frame",
+    "LineDecoder",
+    "LineSplitter",
+    "Position",
+    "Range",
+    "Record",
+    "decode_all",
+    "decode_frame",
+    "decode_line",
+    "encode",
+    "stamp",
+    "stamp_many",
+]
