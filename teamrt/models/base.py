@@ -8,7 +8,7 @@ provider's wire format at this one boundary; everything above it sees only these
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -86,7 +86,14 @@ class Usage(BaseModel):
 
 
 class ModelReply(BaseModel):
-    """What the model answered: text, tool calls, or both."""
+    """What the model answered: text, tool calls, or both.
+
+    `finish_reason` is `"length"` when the reply was cut off by the output limit (a Responses
+    API `incomplete` answer is reported the same way): the loop does not take it as final.
+    `attempts` counts the HTTP requests it took (retries are `attempts - 1`, of which
+    `rate_limited` were 429 answers). `usage_estimated` is True when the server reported no
+    usage and the tokens were estimated locally.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -95,6 +102,17 @@ class ModelReply(BaseModel):
     usage: Usage = Usage(requests=1)
     model: str = ""
     finish_reason: str | None = None
+    attempts: int = 1
+    rate_limited: int = 0
+    usage_estimated: bool = False
+
+
+class TextDelta(BaseModel):
+    """A piece of a reply's text as the model writes it (streaming)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
 
     def as_message(self) -> ChatMessage:
         return ChatMessage(role="assistant", content=self.text, tool_calls=self.tool_calls)
@@ -106,6 +124,17 @@ def message_tokens(message: ChatMessage) -> int:
     for call in message.tool_calls:
         size += len(call.name) + len(call.arguments)
     return size // 4 + 4
+
+
+@runtime_checkable
+class StreamingModel(Protocol):
+    """A model that can also stream: `stream()` yields `TextDelta`s as the text is written,
+    then exactly one `ModelReply`, the whole reply (as `complete()` would have returned it).
+    A fault mid-stream raises `ModelError` like `complete()` (after any retries)."""
+
+    def stream(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AsyncIterator[TextDelta | ModelReply]: ...
 
 
 @runtime_checkable
