@@ -106,6 +106,9 @@ class ModelReply(BaseModel):
     rate_limited: int = 0
     usage_estimated: bool = False
 
+    def as_message(self) -> ChatMessage:
+        return ChatMessage(role="assistant", content=self.text, tool_calls=self.tool_calls)
+
 
 class TextDelta(BaseModel):
     """A piece of a reply's text as the model writes it (streaming)."""
@@ -113,9 +116,6 @@ class TextDelta(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     text: str
-
-    def as_message(self) -> ChatMessage:
-        return ChatMessage(role="assistant", content=self.text, tool_calls=self.tool_calls)
 
 
 def message_tokens(message: ChatMessage) -> int:
