@@ -108,3 +108,18 @@ async def test_a_broadcast_that_reaches_some_members_names_who_got_it(
             assert mail.inbox(name).receive_nowait().body == "stand down"
         with pytest.raises(anyio.WouldBlock):
             mail.inbox("writer").receive_nowait()
+
+
+async def test_a_garbage_line_between_two_sends_of_one_writer_cannot_move_seq(
+    tmp_path: Path,
+) -> None:
+    team = tmp_path / "t"
+    log = team / "inboxes" / "worker.jsonl"
+    async with FileMailboxes(team, members=MEMBERS) as mail:
+        await mail.send(Envelope.message("lead", "worker", 0))
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND)  # another writer, mid-session
+        os.write(fd, b'{"seq":999999999,"team":"t","v":1}\n')
+        os.close(fd)
+        await mail.send(Envelope.message("lead", "worker", 1))
+        got = [mail.inbox("worker").receive_nowait() for _ in range(2)]
+    assert [(e.body, e.seq) for e in got] == [(0, 0), (1, 1)]

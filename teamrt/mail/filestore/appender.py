@@ -48,12 +48,22 @@ TAIL_WINDOW = 64 << 10
 _SEQ_AT_LINE_START = re.compile(rb'\{"seq":(\d+),')
 
 
-def last_seq(fd: int, size: int, team: str, name: str, window: int = TAIL_WINDOW) -> int | None:
+def last_seq(
+    fd: int,
+    size: int,
+    team: str,
+    name: str,
+    window: int = TAIL_WINDOW,
+    dense_from: int | None = None,
+) -> int | None:
     """The seq of the last complete line that decodes as an envelope of inbox `name` of `team`,
     reading backwards from the end.
 
     `window` is how much to read first: just what other writers added since our last append,
-    in the common case, so the locked section stays short under contention.
+    in the common case, so the locked section stays short under contention. `dense_from` is the
+    seq the first line of the window has if other writers continued densely from ours; a last
+    line that carries exactly the seq that implies cannot move `seq` anywhere, so it is taken
+    without decoding it (this keeps the locked section short under contention).
     """
     while True:
         start = max(0, size - window)
@@ -61,6 +71,13 @@ def last_seq(fd: int, size: int, team: str, name: str, window: int = TAIL_WINDOW
         lines = chunk.split(b"\n")
         if start > 0:
             lines = lines[1:]  # may be a partial line: widen the window instead
+        if dense_from is not None:
+            written = [line for line in lines if line]
+            m = _SEQ_AT_LINE_START.match(written[-1]) if written else None
+            expected = dense_from + len(written) - 1
+            if m is not None and int(m.group(1)) == expected and written[-1].endswith(b"}"):
+                return expected
+            dense_from = None
         for line in reversed(lines):
             m = _SEQ_AT_LINE_START.match(line)
             if m is None:
@@ -194,15 +211,18 @@ class Appender:
 
     def _recover(self, size: int) -> int:
         """Seal a torn tail left by a dead writer and find the next seq. Returns the new size."""
+        sealed = False
         if size > 0 and os.pread(self.fd, 1, size - 1) != b"\n":
             write_all(self.fd, b"\n", size, f"seal torn tail of {self.paths.name}'s inbox")
             size += 1
             self.sealed += 1
+            sealed = True
         known = self.known_size
         # what others appended since our last append, plus the newline that ended ours
         window = size - known + 1 if 0 < known < size else TAIL_WINDOW
+        dense = self.next_seq if 0 < known < size and not sealed else None
         team, name = self.store.team, self.paths.name
-        last = last_seq(self.fd, size, team, name, window) if size > 0 else None
+        last = last_seq(self.fd, size, team, name, window, dense) if size > 0 else None
         if last is None:
             last = self._last_seq_before(self.segment)
         self.next_seq = last + 1
