@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from teamrt.errors import StoreError, UnknownRecipient
-from teamrt.mail.filestore.fileio import O_READ, O_WRITE, create_exclusive, replace_file, write_all
+from teamrt.mail.filestore.fileio import (
+    O_READ,
+    O_WRITE,
+    create_exclusive,
+    replace_file,
+    translate,
+    write_all,
+)
 from teamrt.mail.filestore.paths import InboxPaths, same_file
 from teamrt.mail.filestore.reader import CURSOR_SLOT, read_cursor, tail_crc
 from teamrt.mail.filestore.store import FileStore
@@ -100,7 +107,8 @@ def repair_inbox(store: FileStore, name: str) -> InboxRepair:
     paths = store.inbox_paths(name)
     lease = store.acquire_lease(name, f"pid {os.getpid()}, teamrt repair")
     try:
-        lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        lock_fd = os.open(paths.lock, flags, store.file_mode)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             _repair_files(store, paths, report)
@@ -108,9 +116,7 @@ def repair_inbox(store: FileStore, name: str) -> InboxRepair:
         finally:
             os.close(lock_fd)
     except OSError as exc:
-        if isinstance(exc, StoreError):
-            raise
-        raise StoreError(exc.errno or 0, f"repair {name}'s inbox: {exc.strerror or exc}") from None
+        raise translate(exc, f"repair {name}'s inbox") from None
     finally:
         lease.release()
     return report
