@@ -115,6 +115,9 @@ def test_send_errors_are_clear(team: Path, capsys: pytest.CaptureFixture[str]) -
     assert "no response from worker" in capsys.readouterr().err
     assert main(["inspect", str(team.parent / "missing")]) == 1
     assert "team.json is missing" in capsys.readouterr().err
+    response = ["send", str(team), "--from", "a b", "--to", "lead", "--kind", "response"]
+    assert main([*response, "--in-reply-to", "x"]) == 1  # not a pydantic traceback
+    assert "invalid response: sender" in capsys.readouterr().err
 
 
 async def test_response_from_the_command_line(team: Path) -> None:

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from pydantic import ValidationError
 
 from teamrt.envelopes import Envelope, Response
-from teamrt.errors import TeamrtError
+from teamrt.errors import InvalidEnvelope, TeamrtError
 from teamrt.mail.mailboxes import FileMailboxes
 
 DESCRIPTION = """\
@@ -51,13 +52,18 @@ async def _send(args: argparse.Namespace) -> int:
         else:
             if not args.in_reply_to:
                 raise SystemExit("teamrt send: --kind response needs --in-reply-to REQUEST_ID")
-            envelope = Response(
-                sender=args.sender,
-                recipient=args.to,
-                body=body,
-                type=args.type or "result",
-                in_reply_to=args.in_reply_to,
-            )
+            try:
+                envelope = Response(
+                    sender=args.sender,
+                    recipient=args.to,
+                    body=body,
+                    type=args.type or "result",
+                    in_reply_to=args.in_reply_to,
+                )
+            except ValidationError as exc:
+                first = exc.errors(include_url=False)[0]
+                where = ".".join(str(part) for part in first["loc"]) or "envelope"
+                raise InvalidEnvelope(f"invalid response: {where}: {first['msg']}") from None
         await mail.send(envelope)
         print(envelope.id)
     return 0
