@@ -145,7 +145,7 @@ async def test_token_budget() -> None:
 
 
 async def test_cost_budget_needs_and_uses_prices() -> None:
-    with pytest.raises(UsageError, match="needs a price for model 'mystery'"):
+    with pytest.raises(UsageError, match="cannot be kept with model 'mystery', which has no price"):
         Agent("a", ScriptedModel([], name="mystery"), limits=Limits(max_cost=1.0))
     script = [
         ModelReply(

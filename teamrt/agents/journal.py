@@ -45,6 +45,11 @@ _SCALARS = {
     "cost_known",
     "elapsed",
     "idle",
+    "model_time",
+    "attempts",
+    "rate_limited",
+    "usage_estimated",
+    "truncated",
     "context_tokens",
     "compactions",
     "answer",
@@ -123,6 +128,7 @@ class Journal:
         handled: list[str],
         reply: ChatMessage,
         usage: Usage,
+        finish_reason: str | None = None,
     ) -> None:
         """A model reply, before its tool calls run."""
         _append_line(
@@ -132,6 +138,7 @@ class Journal:
                 "inject": _dump(injected),
                 "handled": handled,
                 "reply": reply.model_dump(mode="json", exclude_defaults=True),
+                "finish": finish_reason,
                 "usage": usage.model_dump(),
                 "scalars": state.model_dump(include=_SCALARS),
             },
@@ -210,7 +217,7 @@ def _apply(state: AgentState, kind: str, record: dict[str, Any]) -> None:
         state.messages.extend(_MESSAGES.validate_python(record["inject"]))
         state.remember_handled(record["handled"])
         reply = ChatMessage.model_validate(record["reply"])
-        state.open_step = OpenStep(reply=reply)
+        state.open_step = OpenStep(reply=reply, finish_reason=record.get("finish"))
         state.usage = state.usage + Usage.model_validate(record["usage"])
         _scalars(state, record)
     elif kind == "result" and state.open_step is not None:

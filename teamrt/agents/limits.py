@@ -7,7 +7,11 @@ here does I/O or reads a clock: the caller passes the time.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from dataclasses import dataclass
+from typing import Literal
 
 from teamrt.errors import LimitExceeded, UsageError
 from teamrt.models.base import Usage
@@ -28,9 +32,38 @@ PRICES: dict[str, tuple[float, float]] = {
 }
 
 
+_SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")
+
+
+def price_of(model: str, prices: dict[str, tuple[float, float]]) -> tuple[float, float] | None:
+    """The (input, output) USD per million tokens of `model`; a dated snapshot
+    ("gpt-4o-2024-08-06") takes its family's price unless it has its own."""
+    price = prices.get(model)
+    if price is None:
+        family = _SNAPSHOT.sub("", model)
+        price = prices.get(family) if family != model else None
+    return price
+
+
+def prices_from_env(variable: str = "TEAMRT_PRICES") -> dict[str, tuple[float, float]]:
+    """Prices from the environment: a JSON object of model name to [input, output] USD per
+    million tokens, for example `{"llama3.1:8b": [0, 0], "my-model": [0.5, 1.5]}`."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return {}
+    try:
+        raw = json.loads(text)
+        return {str(k): (float(v[0]), float(v[1])) for k, v in raw.items()}
+    except (ValueError, TypeError, IndexError, AttributeError) as exc:
+        raise UsageError(
+            f"{variable} must be a JSON object of model -> [input, output] USD per million "
+            f"tokens, e.g. '{{\"my-model\": [0.5, 1.5]}}' ({exc})"
+        ) from None
+
+
 def cost_of(usage: Usage, model: str, prices: dict[str, tuple[float, float]]) -> float | None:
     """USD for `usage` on `model`, or None if the model has no price."""
-    price = prices.get(model)
+    price = price_of(model, prices)
     if price is None:
         return None
     return (usage.input_tokens * price[0] + usage.output_tokens * price[1]) / 1_000_000
@@ -50,6 +83,11 @@ class Limits:
       seen before) is no progress. Steps that waited for other agents (`wait_for_messages`)
       are not counted: waiting is not stalling.
     - `max_idle`: seconds a task may spend in waiting tools, in all (None: no limit).
+    - `model_timeout`: seconds one model call may take, retries included (None: no limit).
+    - `max_model_time`: seconds a task may spend waiting for the model, in all.
+    - `unpriced`: what a cost budget does with a model that has no price: `"refuse"` to start
+      (the default), or count `"tokens"` only (the cost is then unknown, and only token
+      budgets bind).
     """
 
     max_steps: int = 30
@@ -61,6 +99,9 @@ class Limits:
     max_repeats: int = 3
     max_stale_steps: int = 4
     max_idle: float | None = 600.0
+    model_timeout: float | None = 120.0
+    max_model_time: float | None = None
+    unpriced: Literal["refuse", "tokens"] = "refuse"
 
     def __post_init__(self) -> None:
         for name in (
@@ -74,7 +115,14 @@ class Limits:
                 raise UsageError(f"Limits.{name} must be at least 1")
 
     def check_model_call(
-        self, *, steps: int, tokens: int, cost: float, elapsed: float, idle: float = 0.0
+        self,
+        *,
+        steps: int,
+        tokens: int,
+        cost: float,
+        elapsed: float,
+        idle: float = 0.0,
+        model_time: float = 0.0,
     ) -> None:
         """Before a model call: would it go over a limit?"""
         if steps >= self.max_steps:
@@ -88,6 +136,13 @@ class Limits:
                 "max_cost", self.max_cost, round(cost, 6), "the cost budget (USD) is spent:"
             )
         self.check_deadline(elapsed)
+        if self.max_model_time is not None and model_time >= self.max_model_time:
+            raise LimitExceeded(
+                "max_model_time",
+                self.max_model_time,
+                round(model_time, 3),
+                "the time spent waiting for the model (s) is spent:",
+            )
         if self.max_idle is not None and idle >= self.max_idle:
             raise LimitExceeded(
                 "max_idle",

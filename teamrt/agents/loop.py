@@ -30,13 +30,17 @@ from typing import Any, Protocol, runtime_checkable
 import anyio
 
 from teamrt.agents.journal import Journal, Transcript
-from teamrt.agents.limits import PRICES, Limits, cost_of
+from teamrt.agents.limits import PRICES, Limits, cost_of, price_of
 from teamrt.agents.memory import Memory, context_tokens
 from teamrt.agents.state import HANDLED_MEMORY, AgentState, OpenStep, RunReport, Stop
 from teamrt.agents.tools import Tool, Toolbox, ToolResult
 from teamrt.errors import LimitExceeded, ModelError, StopRequested, UsageError
 from teamrt.models.base import ChatMessage, Model, ModelReply, ToolCall, Usage, message_tokens
 
+CONTINUE = (
+    "Your last reply was cut off by the output length limit. Continue exactly where it "
+    "stopped, without repeating anything."
+)
 NUDGE = (
     "Your last reply could not be used: {reason}. Reply with a valid tool call (arguments "
     "must be a JSON object matching the tool's schema) or with your final answer as text."
@@ -61,8 +65,14 @@ class Malformed:
     reason: str
 
 
-def decide(reply: ModelReply) -> Answer | CallTools | Malformed:
-    """What a model reply means. Tool calls win over text (the text is a note to itself)."""
+@dataclass(frozen=True)
+class Truncated:
+    text: str
+
+
+def decide(reply: ModelReply) -> Answer | CallTools | Malformed | Truncated:
+    """What a model reply means. Tool calls win over text (the text is a note to itself); text
+    cut off by the length limit is not an answer."""
     if reply.tool_calls:
         for call in reply.tool_calls:
             try:
@@ -72,6 +82,8 @@ def decide(reply: ModelReply) -> Answer | CallTools | Malformed:
             if not isinstance(arguments, dict):
                 return Malformed(f"the arguments of {call.name} are not a JSON object")
         return CallTools(reply.tool_calls)
+    if reply.finish_reason == "length":
+        return Truncated(reply.text or "")
     if reply.text and reply.text.strip():
         return Answer(reply.text)
     return Malformed("it had neither text nor a tool call")
@@ -208,11 +220,23 @@ class Agent:
         self.transcript = Transcript(transcript) if transcript is not None else None
         self.clock = clock
         self.state: AgentState | None = None
-        if self.limits.max_cost is not None and model.name not in self.prices:
-            raise UsageError(
-                f"a cost budget needs a price for model {model.name!r}: "
-                "pass prices={name: (usd_per_m_input, usd_per_m_output)}"
-            )
+        self._check_priced(model.name)
+
+    def _check_priced(self, model: str) -> None:
+        """A cost budget (the agent's or a shared one) needs the model's price, unless it was
+        told to count tokens only."""
+        budgets = [(self.limits.max_cost, self.limits.unpriced, "the agent's")]
+        if self.budget is not None:
+            shared = getattr(self.budget, "max_cost", None)
+            budgets.append((shared, getattr(self.budget, "unpriced", "refuse"), "the team's"))
+        for max_cost, unpriced, whose in budgets:
+            if max_cost is not None and unpriced == "refuse" and not price_of(model, self.prices):
+                raise UsageError(
+                    f"{whose} cost budget (${max_cost:g}) cannot be kept with model {model!r}, "
+                    "which has no price: pass prices={name: (usd_per_m_input, "
+                    "usd_per_m_output)} (or TEAMRT_PRICES for the demos), or unpriced='tokens' "
+                    "to count tokens only"
+                )
 
     # -- entry points --
 
@@ -315,6 +339,7 @@ class Agent:
                     cost=state.cost,
                     elapsed=elapsed(),
                     idle=state.idle,
+                    model_time=state.model_time,
                 )
                 if self.budget is not None:
                     self.budget.check()
@@ -332,11 +357,13 @@ class Agent:
                 self.transcript.record(state.steps + 1, state.messages, reply, replaced)
             self._charge(state, reply.usage, self.model.name)
             state.steps += 1
-            open_step = OpenStep(reply=reply.as_message())
+            open_step = OpenStep(reply=reply.as_message(), finish_reason=reply.finish_reason)
             handled = self.inbound.handled() if self.inbound is not None else []
             state.remember_handled(handled)
             if self.journal is not None:
-                self.journal.call(state, injected, handled, open_step.reply, reply.usage)
+                self.journal.call(
+                    state, injected, handled, open_step.reply, reply.usage, reply.finish_reason
+                )
             if self.inbound is not None:
                 self.inbound.recorded()  # what it delivered is in the journal now
             state.open_step = open_step
@@ -421,16 +448,36 @@ class Agent:
         self, state: AgentState, specs: Sequence[Any], elapsed: Callable[[], float]
     ) -> ModelReply | None:
         left, passed = self._time_left()
+        per_call = self.limits.model_timeout
+        started = self.clock()
         try:
-            if left == math.inf:
-                return await self.model.complete(state.messages, specs)
-            with anyio.move_on_after(left):
-                return await self.model.complete(state.messages, specs)
+            with anyio.move_on_after(min(left, per_call if per_call is not None else math.inf)):
+                reply = await self.model.complete(state.messages, specs)
+                state.attempts += reply.attempts
+                state.rate_limited += reply.rate_limited
+                state.usage_estimated = state.usage_estimated or reply.usage_estimated
+                return reply
+            if per_call is not None and per_call < left:
+                raise LimitExceeded(
+                    "model_timeout",
+                    per_call,
+                    round(self.clock() - started, 3),
+                    "a model call (retries included) took longer than allowed (s):",
+                )
             raise passed("during a model call")
         except LimitExceeded as exc:
             self._stop_at_limit(state, exc)
         except ModelError as exc:
-            state.stop = Stop(reason="model_error", detail=str(exc))
+            attempts = int(getattr(exc, "attempts", 1) or 1)
+            limited = int(getattr(exc, "rate_limited", 0) or 0)
+            state.attempts += attempts
+            state.rate_limited += limited
+            detail = str(exc)
+            if limited and "rate limit" not in detail:
+                detail += f" ({limited} of {attempts} attempts were rate limited: 429)"
+            state.stop = Stop(reason="model_error", detail=detail)
+        finally:
+            state.model_time += self.clock() - started
         return None
 
     async def _finish_step(self, state: AgentState, step: OpenStep) -> None:
@@ -438,11 +485,27 @@ class Agent:
         close the step in the state and the journal."""
         reply = step.reply
         work = _StepWork(results=dict(step.results))
-        decision = decide(ModelReply(text=reply.content, tool_calls=reply.tool_calls))
+        decision = decide(
+            ModelReply(
+                text=reply.content, tool_calls=reply.tool_calls, finish_reason=step.finish_reason
+            )
+        )
         if isinstance(decision, Answer):
             state.nudges = 0
-            state.answer = decision.text
+            state.answer = state.truncated + decision.text
+            state.truncated = ""
             state.stop = Stop(reason="answer", detail="the model gave its answer")
+        elif isinstance(decision, Truncated):
+            if state.truncated:  # cut off again after being asked to continue
+                state.truncated += decision.text
+                state.stop = Stop(
+                    reason="truncated",
+                    detail="the reply was cut off by the output length limit again after "
+                    "one request to continue; the partial text is kept",
+                )
+            else:
+                state.truncated = decision.text
+                work.appended.append(ChatMessage.user(CONTINUE))
         elif isinstance(decision, Malformed):
             for call in reply.tool_calls:  # every call needs a result, even an unusable one
                 work.appended.append(
@@ -591,8 +654,8 @@ class Agent:
 
     def _report(self, state: AgentState) -> RunReport:
         assert state.stop is not None
-        partial = None
-        if state.answer is None:
+        partial = state.truncated or None
+        if state.answer is None and partial is None:
             start = state.task_index if state.task_index is not None else state.pinned
             for m in reversed(state.messages[start:]):
                 if m.content and m.role in ("assistant", "tool"):
@@ -613,6 +676,10 @@ class Agent:
             elapsed=state.elapsed,
             idle=state.idle,
             compactions=state.compactions,
+            model_time=state.model_time,
+            attempts=state.attempts,
+            rate_limited=state.rate_limited,
+            usage_estimated=state.usage_estimated,
         )
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from teamrt.models.base import ChatMessage, Usage
 
-StopReason = Literal["answer", "limit", "malformed_reply", "model_error", "shutdown"]
+StopReason = Literal["answer", "limit", "malformed_reply", "model_error", "shutdown", "truncated"]
 
 #: How many ids of handled inputs (tasks, messages) a state remembers, to drop redeliveries.
 HANDLED_MEMORY = 1024
@@ -40,6 +40,7 @@ class OpenStep(BaseModel):
     a resumed run picks up (only the calls without a result run again)."""
 
     reply: ChatMessage
+    finish_reason: str | None = None
     results: dict[str, ChatMessage] = Field(default_factory=dict)  # call id -> its result
 
 
@@ -58,6 +59,11 @@ class AgentState(BaseModel):
     task_index: int | None = None  # where the current task's message is in `messages`
     tasks: int = 1  # tasks (and rounds of mail) this conversation has served
     idle: float = 0.0  # seconds spent in waiting tools (wait_for_messages) this task
+    model_time: float = 0.0  # seconds spent waiting for the model this task
+    attempts: int = 0  # HTTP requests made for this task's model calls (retries included)
+    rate_limited: int = 0  # of which were answered 429
+    usage_estimated: bool = False  # some usage was estimated locally (the server sent none)
+    truncated: str = ""  # text of replies cut off by the length limit, awaiting the rest
     handled: list[str] = Field(default_factory=list)  # ids of inputs already taken in
     open_step: OpenStep | None = None
     steps: int = 0
@@ -126,6 +132,14 @@ class RunReport(BaseModel):
     compactions: int
     task_id: str | None = None
     idle: float = 0.0  # seconds spent waiting for messages
+    model_time: float = 0.0  # seconds spent waiting for the model
+    attempts: int = 0  # HTTP requests behind the model calls (retries = attempts - steps)
+    rate_limited: int = 0  # attempts answered 429 (rate limited)
+    usage_estimated: bool = False  # tokens partly estimated locally (no usage from the server)
+
+    @property
+    def retries(self) -> int:
+        return max(0, self.attempts - self.steps)
 
     @property
     def ok(self) -> bool:
@@ -134,8 +148,12 @@ class RunReport(BaseModel):
     def summary(self) -> str:
         cost = "cost unknown" if self.cost is None else f"${self.cost:.4f}"
         head = f"{self.agent}: stopped ({self.stop.reason}): {self.stop.detail}"
+        retries = (
+            f", {self.retries} retries ({self.rate_limited} rate limited)" if self.retries else ""
+        )
+        tokens = f"{self.usage.total_tokens}{' (estimated)' if self.usage_estimated else ''}"
         return (
             f"{head}; {self.steps} steps, {self.tool_calls} tool calls "
-            f"({self.tool_errors} failed), {self.usage.total_tokens} tokens, {cost}, "
-            f"{self.elapsed:.2f}s"
+            f"({self.tool_errors} failed), {tokens} tokens, {cost}, "
+            f"{self.elapsed:.2f}s{retries}"
         )

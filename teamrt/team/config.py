@@ -96,7 +96,12 @@ class Teammate:
 
 
 class TeamBudget:
-    """One ledger for the whole team, checked before every model call of every member."""
+    """One ledger for the whole team, checked before every model call of every member.
+
+    A cost budget needs every member's model to have a price (`Team(prices=...)`,
+    `Teammate(prices=...)`); with `unpriced="tokens"` an unpriced model is counted in tokens
+    only. A reply without usage from its server is counted from a local estimate.
+    """
 
     def __init__(
         self,
@@ -104,8 +109,10 @@ class TeamBudget:
         max_tokens: int | None = None,
         max_cost: float | None = None,
         deadline: float | None = None,
+        unpriced: Literal["refuse", "tokens"] = "refuse",
     ) -> None:
         self.max_tokens, self.max_cost, self.deadline = max_tokens, max_cost, deadline
+        self.unpriced = unpriced  # a model without a price: refuse to start, or count tokens
         self.usage = Usage()
         self.cost = 0.0
         self._started = anyio.current_time() if deadline is not None else 0.0

@@ -230,7 +230,7 @@ class Runner:
                     tools=teammate.tools,
                     limits=teammate.limits,
                     budget=self.team.budget,
-                    prices=teammate.prices,
+                    prices={**self.team.prices, **(teammate.prices or {})},
                     owner=self.name,
                 )
             )
@@ -243,7 +243,7 @@ class Runner:
             tools=tools,
             limits=teammate.limits,
             memory=teammate.memory,
-            prices=teammate.prices,
+            prices={**self.team.prices, **(teammate.prices or {})},
             budget=self.team.budget,
             checkpoint=self.journal_path,
             transcript=self.team.agent_dir / f"{self.name}.transcript.jsonl"

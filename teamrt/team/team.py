@@ -59,7 +59,8 @@ class Team:
     team); they are kept in `notices` (the most recent `NOTICES_KEPT`). `agent_dir` keeps each
     teammate's checkpoint journal and transcript. `remote` names members that run in other
     processes on the same team directory (`teamrt run-agent`): the team asks them like any
-    member and sends them a shutdown request when it shuts down.
+    member and sends them a shutdown request when it shuts down. `prices` (model name to USD
+    per million input and output tokens) apply to every member; a teammate's own win.
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class Team:
         shutdown_deadline: float = 5.0,
         remote: Iterable[str] = (),
         approver: Approver | None = None,
+        prices: dict[str, tuple[float, float]] | None = None,
     ) -> None:
         self.mail = mail
         self.teammates: dict[str, Teammate] = {}
@@ -97,6 +99,7 @@ class Team:
         self.shutdown_deadline = shutdown_deadline
         self.remote = tuple(remote)  # members run by other processes (`teamrt run-agent`)
         self.approver = approver
+        self.prices = dict(prices or {})  # USD per million tokens, for every member's models
         self.status: dict[str, MemberStatus] = {n: MemberStatus(n) for n in self.teammates}
         self.notices: deque[Envelope] = deque(maxlen=NOTICES_KEPT)
         self._in_flight: dict[str, int] = {}
