@@ -362,7 +362,7 @@ async def test_an_escalation_answered_with_teamrt_send(tmp_path: Path) -> None:
                 "--from",
                 "human",
                 "--to",
-                "lead",
+                "conductor",
                 "--kind",
                 "response",
                 "--in-reply-to",

@@ -2,38 +2,69 @@
 
 Theory of operation. The goal becomes a plan of checkable subtasks (from the user, or from a
 planner model with one repair attempt). In waves, the conductor picks the ready subtasks that
-unblock most, up to `parallel` at once, and gives each to a teammate as a task. It never takes a
-worker's word: when the worker answers, the conductor runs the subtask's check itself; a red
-check goes back to the worker with the output, up to `round_cap` rounds, then to a human as an
-escalation envelope, whose answer (`retry`, `done` or `abort`) the run waits for. After each
-accepted subtask the integration check tests the seams; red is a conflict that goes back to the
-worker. When every subtask is done the acceptance check decides; red means the plan was wrong,
-and the planner gets the failure to replan, a bounded number of times. Every decision, with who
-made it and the check's evidence, is saved to `conductor/state.json` at once, and a conductor
-killed mid-run resumes from it without redoing accepted work.
+unblock most, up to `parallel` at once, and gives each to a free teammate as a task. It never
+takes a worker's word: when the worker answers, the conductor runs the subtask's check itself;
+a red check goes back to the worker with the output, up to `round_cap` rounds, then to a human.
+After each accepted subtask the integration check tests the seams; red is a conflict that goes
+back to the worker. When every subtask is done the acceptance check decides; red means the plan
+was wrong, and the planner gets the failure to replan, a bounded number of times.
+
+Brakes. A worker that does not answer within `subtask_timeout` (or fails) is cancelled
+(`Team.cancel`: its restart policy decides what comes next) and its subtask goes to a different
+free worker. A subtask handed from worker to worker `bounce_cap` times, or workers trading
+`exchange_cap` rounds of mail, with no new check result, is stopped and escalated with the tail
+of the exchange. A check that cannot run is a check error, escalated at once, never retried. The
+conductor's `Budget` and the team's budget end the run with outcome `budget`; `step_cap` with
+`step cap`. An escalation is said on the terminal and in the log (a WARNING on the
+`teamrt.conductor` logger) with the exact `teamrt send` command that answers it.
+
+Every decision, with who made it and the evidence, is saved to `conductor/state.json` at once;
+a conductor killed or braked mid-run resumes from it without redoing accepted work.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import anyio
 
+from teamrt.conductor.brakes import Budget, fingerprint, transcript_tail
 from teamrt.conductor.checks import Evidence, Policy, run_check
+from teamrt.conductor.escalation import Escalations
 from teamrt.conductor.plan import Plan, PlanError, Subtask, advance, pick
 from teamrt.conductor.state import ConductorState, Decision
 from teamrt.envelopes import Envelope
-from teamrt.errors import RemoteError, RequestTimeout, TeammateGone, UsageError
+from teamrt.errors import LimitExceeded, RemoteError, RequestTimeout, TeammateGone, UsageError
 from teamrt.models.base import ChatMessage, Model
-from teamrt.team import Team
+from teamrt.team import IDLE, IdleBody, TaskResult, Team
+
+log = logging.getLogger("teamrt.conductor")
 
 PLAN_PROMPT = """You are a planner. Break the goal into subtasks that each fit one worker.
 Every subtask MUST have a check: a command whose exit code is 0 when it is done.
 Answer with JSON only: {"subtasks": [{"id": "short-id", "description": "...",
 "check": "command", "depends_on": ["other-id"]}], "integration_check": "command or null",
 "acceptance_check": "command"}"""
+
+#: How often the conductor looks at its workers while it waits for an answer (seconds).
+WATCH_INTERVAL = 0.05
+
+Verdict = Literal["done", "failed", "stuck", "check_error"]
+
+
+@dataclass
+class _Answer:
+    """How asking a worker went: its answer, or why there is none."""
+
+    text: str | None = None
+    failure: str = ""
+    hung: bool = False  # no answer in time: the worker is cancelled
+    chatter: str | None = None  # the chatter brake stopped it
 
 
 class Conductor:
@@ -51,7 +82,11 @@ class Conductor:
         round_cap: int = 3,
         subtask_timeout: float = 300.0,
         step_cap: int = 200,
+        budget: Budget | None = None,
+        bounce_cap: int = 2,
+        exchange_cap: int = 10,
         max_replans: int = 2,
+        name: str = "conductor",
         human: str = "human",
         escalation_timeout: float = 24 * 3600,
         state_path: str | os.PathLike[str] | None = None,
@@ -59,6 +94,11 @@ class Conductor:
     ) -> None:
         if plan is None and planner is None:
             raise UsageError("a conductor needs a plan or a planner model")
+        if name in team.teammates or name in (team.lead, human):
+            raise UsageError(f"the conductor's name {name!r} is taken: pick another (name=...)")
+        for number in ("parallel", "round_cap", "bounce_cap", "exchange_cap"):
+            if locals()[number] < 1:
+                raise UsageError(f"Conductor {number} must be at least 1")
         self.team = team
         self.goal = goal
         self.workdir = Path(workdir)
@@ -70,7 +110,11 @@ class Conductor:
         self.round_cap = round_cap
         self.subtask_timeout = subtask_timeout
         self.step_cap = step_cap
+        self.budget = budget or Budget()
+        self.bounce_cap = bounce_cap
+        self.exchange_cap = exchange_cap
         self.max_replans = max_replans
+        self.name = name
         self.human = human
         self.escalation_timeout = escalation_timeout
         self.state_path = (
@@ -78,13 +122,33 @@ class Conductor:
         )
         self.state: ConductorState | None = None
         self.on_decision = on_decision  # e.g. to show progress as the run goes
+        self.escalations = Escalations(team.mail, name, human, on_refusal=self._refused)
         self._busy: set[str] = set()
+        self._shown = 0
+        self._wave: anyio.CancelScope | None = None
+        self._rounds_at: dict[str, int] = {}  # each worker's mail rounds at the last new result
+        self._chatter: tuple[str, frozenset[str]] | None = None  # braked, not yet escalated
 
     # -- the run --
 
     async def run(self) -> ConductorState:
         """Run to an outcome: accepted, or the brake that stopped it."""
         await self.team.mail.add_member(self.human)
+        await self.team.mail.add_member(self.name)
+        failed: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.escalations.serve)
+            tg.start_soon(self._watch)
+            try:
+                state = await self._run()
+            except Exception as exc:  # raised as it is, not wrapped in the task group's group
+                failed = exc
+            tg.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
+        return state
+
+    async def _run(self) -> ConductorState:
         state = ConductorState.load(self.state_path)
         if state is None or state.goal != self.goal:
             plan = self.plan or await self._make_plan(None)
@@ -93,160 +157,272 @@ class Conductor:
             )
             state.decide("conductor", "plan", detail=f"{len(plan.subtasks)} subtasks")
         else:  # resuming: work that was in flight is taken back; accepted work stands
+            if state.outcome is not None and state.outcome != "accepted":
+                state.decide("conductor", "resume", detail=f"the last run ended: {state.outcome}")
+                state.outcome = None
             for sid, status in state.statuses.items():
                 if status not in ("done", "pending"):
-                    state.statuses[sid] = "pending"
+                    state.statuses[sid] = advance(status, "take_back")
                     state.decide("conductor", "take back", sid, f"was {status} at the crash")
         self.state = state
+        self._mark_progress()
         self._save()
         while state.outcome is None:
-            if state.step >= self.step_cap and not all(
-                v == "done" for v in state.statuses.values()
-            ):
-                state.outcome = "step cap"
-                state.decide("conductor", "brake", detail=f"step cap {self.step_cap} reached")
-                break
             if all(v == "done" for v in state.statuses.values()):
                 await self._accept_or_replan()
                 continue
+            if state.step >= self.step_cap:
+                self._stop("step cap", f"step cap {self.step_cap} reached")
+                break
             chosen = pick(state.plan, state.statuses, limit=self.parallel)
             if not chosen:
-                state.outcome = "blocked"
-                state.decide("conductor", "brake", detail="nothing is ready and nothing runs")
+                self._stop("blocked", "nothing is ready and nothing runs")
                 break
             async with anyio.create_task_group() as tg:
+                self._wave = tg.cancel_scope
                 for subtask in chosen:
                     tg.start_soon(self._see_through, subtask)
+            self._wave = None
+            if state.outcome is not None:
+                self._take_back(f"the run stopped: {state.outcome}")
         self._save()
         return state
 
     async def _see_through(self, subtask: Subtask) -> None:
         """Rounds of work and checks for one subtask, until it is done or handed back."""
         state = self._state()
+        sid = subtask.id
         feedback = ""
+        verdict: Verdict | None = None
         while True:
-            if state.step >= self.step_cap or state.outcome is not None:
-                return  # the run is braking: the main loop records why
-            state.step += 1
-            worker = self._worker_for(subtask)
-            if state.statuses[subtask.id] == "pending":
-                self._move(subtask.id, "assign")  # later rounds are assigned by "retry"
-            state.rounds[subtask.id] = state.rounds.get(subtask.id, 0) + 1
-            state.decide(
-                "conductor", "assign", subtask.id, f"to {worker}, round {state.rounds[subtask.id]}"
-            )
-            self._save()
-            self._busy.add(worker)
-            try:
-                answer = await self._ask(worker, subtask, feedback)
-            finally:
-                self._busy.discard(worker)
-            if answer is None:  # the worker hung or is gone: take the subtask back
-                self._move(subtask.id, "timeout")
-                state.decide(
-                    "conductor",
-                    "stuck",
-                    subtask.id,
-                    f"{worker} did not finish within {self.subtask_timeout:g}s",
-                )
-                feedback = "The previous attempt did not finish in time."
-            else:
-                self._move(subtask.id, "submit")
-                state.decide(worker, "submit", subtask.id, answer[:300])
-                evidence = await run_check(subtask.check, self.workdir, self.policy)
-                if evidence.passed:
-                    self._move(subtask.id, "pass")
-                    state.decide("conductor", "verify", subtask.id, "check passed", evidence)
-                    if await self._integrate(subtask):
-                        return
-                    feedback = (
-                        "Your piece passes its own check but breaks the integration "
-                        "check:\n"
-                        + (
-                            state.decisions[-1].evidence
-                            or Evidence(command="", exit_code=None, tail="")
-                        ).tail
-                    )
-                else:
-                    self._move(subtask.id, "fail")
-                    state.decide("conductor", "verify", subtask.id, "check failed", evidence)
-                    feedback = f"The check `{subtask.check}` failed:\n{evidence.tail}"
-            self._save()
-            if state.rounds[subtask.id] >= self.round_cap:
-                if not await self._escalate(subtask, feedback):
+            if not await self._may_spend():
+                return
+            if state.step >= self.step_cap:
+                return  # the main loop records the brake
+            failed = state.statuses[sid] in ("failed", "stuck")
+            chatter = self._take_chatter(None) if failed else None
+            if chatter is not None:
+                if not await self._escalate(subtask, chatter + " with no new check result"):
                     return
-            else:
-                self._move(subtask.id, "retry")
+                continue
+            previous = state.assignees.get(sid)
+            avoid = previous if verdict == "stuck" else None
+            worker = self._worker_for(subtask, avoid=avoid, prefer=previous)
+            if worker is None:
+                await self._brake("no workers", "every worker has stopped or crashed")
+                return
+            bounced = self._bounced(sid, worker) if failed else None
+            if bounced is not None:
+                if not await self._escalate(subtask, bounced):
+                    return
+                continue
+            state.step += 1
+            self._move(sid, "assign" if state.statuses[sid] == "pending" else "retry")
+            if previous is not None and previous != worker:
+                state.handoffs[sid] = state.handoffs.get(sid, 0) + 1
+            state.assignees[sid] = worker
+            state.rounds[sid] = state.rounds.get(sid, 0) + 1
+            state.decide("conductor", "assign", sid, f"to {worker}, round {state.rounds[sid]}")
+            self._save()
+            verdict, feedback, why = await self._attempt(subtask, worker, feedback)
+            self._save()
+            spent = not await self._may_spend()  # if so, the brake ends the wave
+            if verdict == "done" or spent:
+                return
+            if why is None and state.rounds[sid] >= self.round_cap:
+                why = f"it failed {state.rounds[sid]} rounds (round cap {self.round_cap})"
+            if why is not None and not await self._escalate(subtask, why):
+                return
 
-    async def _ask(self, worker: str, subtask: Subtask, feedback: str) -> str | None:
+    def _bounced(self, sid: str, worker: str) -> str | None:
+        """Why giving `sid` to `worker` would be one handoff too many, if it would."""
+        state = self._state()
+        previous = state.assignees.get(sid)
+        if previous is None or previous == worker:
+            return None
+        if state.handoffs.get(sid, 0) + 1 < self.bounce_cap:
+            return None
+        return (
+            f"it went from worker to worker {state.handoffs.get(sid, 0)} times and would go "
+            f"from {previous} to {worker} again, with no new check result"
+        )
+
+    async def _attempt(
+        self, subtask: Subtask, worker: str, feedback: str
+    ) -> tuple[Verdict, str, str | None]:
+        """One round: ask, check, integrate. The verdict, the feedback for the next round, and
+        why it must go to a human now (a brake or a check error), if it must."""
+        state = self._state()
+        sid = subtask.id
+        answer = await self._ask(worker, subtask, feedback)
+        if answer.text is None:
+            self._move(sid, "timeout")
+            if answer.chatter is not None:
+                state.decide("conductor", "stuck", sid, f"taken back: {answer.chatter}")
+                return "stuck", "", answer.chatter + " with no new check result"
+            state.decide("conductor", "stuck", sid, answer.failure)
+            if answer.hung:
+                await self._cancel(worker, f"hung on subtask {sid}: {answer.failure}")
+            return "stuck", "The previous attempt did not finish.", None
+        self._move(sid, "submit")
+        state.decide(worker, "submit", sid, answer.text[:300])
+        evidence = await run_check(subtask.check, self.workdir, self.policy)
+        self._record_check(sid, evidence)
+        if evidence.error is not None:
+            self._move(sid, "check_error")
+            state.decide("conductor", "check error", sid, evidence.error, evidence)
+            return "check_error", "", f"its check could not run: {evidence.error}"
+        if not evidence.passed:
+            self._move(sid, "fail")
+            state.decide("conductor", "verify", sid, "check failed", evidence)
+            return "failed", f"The check `{subtask.check}` failed:\n{evidence.tail}", None
+        self._move(sid, "pass")
+        state.decide("conductor", "verify", sid, "check passed", evidence)
+        check = state.plan.integration_check
+        if check is None:
+            self._move(sid, "integrate")
+            state.decide("conductor", "integrate", sid, "no integration check")
+            return "done", "", None
+        evidence = await run_check(check, self.workdir, self.policy)
+        if evidence.error is not None:
+            self._move(sid, "check_error")
+            detail = f"integration: {evidence.error}"
+            state.decide("conductor", "check error", sid, detail, evidence)
+            return "check_error", "", f"the integration check could not run: {evidence.error}"
+        if evidence.passed:
+            self._move(sid, "integrate")
+            state.decide("conductor", "integrate", sid, "integration check passed", evidence)
+            return "done", "", None
+        self._move(sid, "conflict")
+        state.decide("conductor", "conflict", sid, "integration check failed", evidence)
+        feedback = (
+            "Your piece passes its own check but breaks the integration check:\n" + evidence.tail
+        )
+        return "failed", feedback, None
+
+    async def _ask(self, worker: str, subtask: Subtask, feedback: str) -> _Answer:
+        """Give the subtask to `worker` and wait for its answer, watching for chatter."""
         text = (
             f"Subtask {subtask.id}: {subtask.description}\n"
             f"When you are done, the conductor will run: {subtask.check}"
         )
         if feedback:
             text += f"\n\n{feedback}"
+        answer = _Answer()
+        result: TaskResult | None = None
+        self._busy.add(worker)
         try:
-            result = await self.team.ask(worker, text, timeout=self.subtask_timeout)
-        except (RequestTimeout, TeammateGone, RemoteError):
-            return None
-        state = self._state()
-        state.tokens += result.tokens
-        state.cost += result.cost or 0.0
-        return result.answer or ""
+            async with anyio.create_task_group() as tg:
 
-    async def _integrate(self, subtask: Subtask) -> bool:
-        state = self._state()
-        check = state.plan.integration_check
-        if check is None:
-            self._move(subtask.id, "integrate")
-            state.decide("conductor", "integrate", subtask.id, "no integration check")
-            self._save()
-            return True
-        evidence = await run_check(check, self.workdir, self.policy)
-        if evidence.passed:
-            self._move(subtask.id, "integrate")
-            state.decide("conductor", "integrate", subtask.id, "integration check passed", evidence)
-            self._save()
-            return True
-        self._move(subtask.id, "conflict")
-        state.decide("conductor", "conflict", subtask.id, "integration check failed", evidence)
-        self._save()
-        return False
+                async def watch() -> None:
+                    while answer.chatter is None:
+                        await anyio.sleep(WATCH_INTERVAL)
+                        answer.chatter = self._take_chatter(worker)
+                    tg.cancel_scope.cancel()
 
-    async def _escalate(self, subtask: Subtask, feedback: str) -> bool:
+                tg.start_soon(watch)
+                try:
+                    result = await self.team.ask(worker, text, timeout=self.subtask_timeout)
+                except RequestTimeout:
+                    answer.hung = True
+                    answer.failure = f"{worker} did not answer within {self.subtask_timeout:g}s"
+                except RemoteError as exc:
+                    answer.failure = f"{worker} answered with an error: {exc.error_type}: {exc}"
+                except TeammateGone as exc:
+                    answer.failure = f"{worker} is gone: {exc}"
+                tg.cancel_scope.cancel()
+        finally:
+            self._busy.discard(worker)
+        if result is not None:
+            state = self._state()
+            state.tokens += result.tokens
+            state.cost += result.cost or 0.0
+            state.worker_steps += result.steps
+            answer.text = result.answer or ""
+        return answer
+
+    async def _escalate(self, subtask: Subtask, why: str) -> bool:
         """Ask the human; True if the subtask goes on (retry), False if it is settled."""
         state = self._state()
-        self._move(subtask.id, "escalate")
-        question = (
-            f"Subtask {subtask.id} failed {state.rounds[subtask.id]} rounds. "
-            f"Last: {feedback[-1500:]}\nAnswer 'retry' (more rounds), 'done' (accept "
-            "it as it is) or 'abort' (stop the run)."
+        sid = subtask.id
+        self._move(sid, "escalate")
+        tail = transcript_tail(state.decisions, sid, extra=self._mail_rounds())
+        evidence = next(
+            (d.evidence for d in reversed(state.decisions) if d.subtask == sid and d.evidence),
+            None,
         )
-        request = Envelope.request(self.team.lead, self.human, question, type="escalation")
-        state.decide("conductor", "escalate", subtask.id, f"asked {self.human} ({request.id})")
+        request = self.escalations.question(
+            f"Subtask {sid} needs you: {why}.\n"
+            + (f"Last check: {evidence.command} -> {evidence.describe()}\n" if evidence else "")
+            + "What happened (the tail):\n  "
+            + "\n  ".join(tail)
+            + "\nAnswer 'retry' (more rounds), 'done' (accept it as it is) or 'abort' "
+            "(stop the run), as a response to this request."
+        )
+        command = self.escalations.command(request.id)
+        state.decide(
+            "conductor",
+            "escalate",
+            sid,
+            f"{why}; asked {self.human} ({request.id}); answer with: {command}",
+            evidence,
+            tail,
+        )
         self._save()
-        try:
-            response = await self.team.mail.request(request, timeout=self.escalation_timeout)
-            answer = str(response.body).strip().lower()
-        except RequestTimeout:
+        lines = [f"ESCALATION: subtask {sid} needs a human: {why}."]
+        if evidence is not None:
+            lines.append(f"Evidence: `{evidence.command}` -> {evidence.describe()}")
+            lines += ["  | " + line for line in evidence.tail.strip().splitlines()[-15:]]
+        lines += ["What happened (the tail):", *("  " + line for line in tail)]
+        lines += ["The run waits for the answer (retry, done or abort). Answer with:", command]
+        log.warning("%s", "\n".join(lines))
+        answer = await self.escalations.ask(request, timeout=self.escalation_timeout)
+        if answer is None:
+            log.warning(
+                "escalation %s: no answer within %gs: the run stops",
+                request.id,
+                self.escalation_timeout,
+            )
+            state.decide(
+                "conductor",
+                "no answer",
+                sid,
+                f"nobody answered within {self.escalation_timeout:g}s: abort",
+            )
             answer = "abort"
-        state.decide(self.human, f"answer: {answer}", subtask.id)
+        else:
+            state.decide(self.human, f"answer: {answer}", sid)
         if answer == "retry":
-            state.rounds[subtask.id] = 0
-            self._move(subtask.id, "retry")
+            state.rounds[sid] = 0
+            state.handoffs[sid] = 0
+            self._mark_progress()  # the human has seen it: the brakes count afresh
+            self._save()
             return True
         if answer == "done":
-            self._move(subtask.id, "resolve")
+            self._move(sid, "resolve")
             self._save()
             return False
-        state.outcome = "aborted"
-        state.statuses[subtask.id] = "escalated"
-        self._save()
+        await self._brake("aborted", f"{self.human} aborted the run at subtask {sid}")
         return False
 
     async def _accept_or_replan(self) -> None:
         state = self._state()
         evidence = await run_check(state.plan.acceptance_check, self.workdir, self.policy)
+        if evidence.error is not None:
+            state.decide(
+                "conductor",
+                "check error",
+                detail=f"the acceptance check could not run: {evidence.error}",
+                evidence=evidence,
+            )
+            self._stop("check error", "the acceptance check could not run")
+            log.warning(
+                "the acceptance check could not run: %s (%s); the run stops with its state in %s",
+                evidence.error,
+                evidence.command,
+                self.state_path,
+            )
+            return
         if evidence.passed:
             state.outcome = "accepted"
             state.decide("conductor", "accept", detail="acceptance check passed", evidence=evidence)
@@ -305,13 +481,150 @@ class Conductor:
                 ]
         raise AssertionError("unreachable")  # pragma: no cover
 
+    # -- brakes --
+
+    async def _may_spend(self) -> bool:
+        """Check the conductor's budget and the team's before an assignment; brake if spent."""
+        state = self._state()
+        if state.outcome is not None:
+            return False
+        try:
+            self.budget.check(cost=state.cost, tokens=state.tokens, worker_steps=state.worker_steps)
+            if self.team.budget is not None:
+                self.team.budget.check()
+        except LimitExceeded as exc:
+            await self._brake("budget", str(exc))
+            return False
+        return True
+
+    async def _brake(self, outcome: str, detail: str) -> None:
+        """Stop the run: record why, stop the workers still on its subtasks, end the wave."""
+        if self._state().outcome is not None:
+            return
+        self._stop(outcome, detail)
+        for worker in sorted(self._busy):
+            await self._cancel(worker, f"the conductor stopped the run: {outcome}")
+        if self._wave is not None:
+            self._wave.cancel()
+
+    def _stop(self, outcome: str, detail: str) -> None:
+        state = self._state()
+        state.outcome = outcome
+        state.decide("conductor", "brake", detail=detail)
+        self._save()
+        if outcome != "aborted":
+            log.warning("the conductor stopped the run (%s): %s", outcome, detail)
+
+    def _take_back(self, why: str) -> None:
+        state = self._state()
+        for sid, status in state.statuses.items():
+            if status not in ("done", "pending", "escalated"):
+                state.statuses[sid] = advance(status, "take_back")
+                state.decide("conductor", "take back", sid, f"was {status}: {why}")
+        self._save()
+
+    async def _cancel(self, worker: str, reason: str, *, idle_too: bool = False) -> None:
+        """Stop a worker that is still working (hung, or braked), or any running one with
+        `idle_too`; its restart policy decides what comes next."""
+        status = self.team.status.get(worker)
+        if (
+            status is None
+            or status.state not in ("working", "idle")
+            or (status.state == "idle" and not idle_too)
+        ):
+            return  # idle already, between incarnations, or not ours to stop (remote)
+        try:
+            await self.team.cancel(worker, reason)
+        except UsageError:
+            return
+        self._state().decide("conductor", "cancel", detail=f"{worker}: {reason}")
+
+    async def _watch(self) -> None:
+        """Until cancelled: stop workers that trade `exchange_cap` rounds of mail since the last
+        new check result; the next subtask of theirs to come up is escalated (`_take_chatter`)."""
+        while True:
+            await anyio.sleep(WATCH_INTERVAL)
+            if self.state is None or self.state.outcome is not None:
+                continue
+            grown = {
+                w: self.team.status[w].rounds - self._rounds_at.get(w, 0)
+                for w in self.workers
+                if w in self.team.status
+            }
+            rounds = sum(grown.values())
+            if rounds < self.exchange_cap:
+                continue
+            talkers = frozenset(w for w, n in grown.items() if n > 0)
+            self._mark_progress()  # one brake per exchange
+            why = f"workers traded {rounds} rounds of mail ({', '.join(sorted(talkers))})"
+            self.state.decide("conductor", "brake", detail=why)
+            self._chatter = (why, talkers)
+            for worker in sorted(talkers):
+                await self._cancel(worker, f"braked: {why}", idle_too=True)
+            self._save()
+
+    def _take_chatter(self, asked: str | None) -> str | None:
+        """The chatter brake's reason, for the subtask given to `asked` (one of the talkers)
+        or for any subtask that comes up (None); once."""
+        if self._chatter is None:
+            return None
+        why, talkers = self._chatter
+        if asked is not None and asked not in talkers:
+            return None
+        self._chatter = None
+        return why
+
+    def _mark_progress(self) -> None:
+        self._rounds_at = {w: s.rounds for w, s in self.team.status.items()}
+
+    def _record_check(self, sid: str, evidence: Evidence) -> None:
+        state = self._state()
+        mark = fingerprint(evidence)
+        if state.last_checks.get(sid) != mark:
+            state.last_checks[sid] = mark
+            state.handoffs[sid] = 0
+            self._mark_progress()
+
+    def _mail_rounds(self) -> list[str]:
+        """What the workers said at the end of their recent rounds of mail (idle notices)."""
+        out = []
+        for envelope in list(self.team.notices)[-20:]:
+            if envelope.type != IDLE or envelope.sender not in self.workers:
+                continue
+            last = envelope.payload(IdleBody).last
+            if last is not None and last.answer:
+                out.append(f"{envelope.sender}: {last.answer}")
+        return out[-6:]
+
+    def _refused(self, envelope: Envelope, why: str) -> None:
+        log.warning("refused %s %s from %s: %s", envelope.kind, envelope.id, envelope.sender, why)
+        if self.state is not None:
+            self.state.decide("conductor", "refuse answer", detail=f"from {envelope.sender}: {why}")
+            self._save()
+
     # -- bookkeeping --
 
-    def _worker_for(self, subtask: Subtask) -> str:
+    def _worker_for(
+        self, subtask: Subtask, *, avoid: str | None = None, prefer: str | None = None
+    ) -> str | None:
+        """A free worker, not `avoid` if there is another, `prefer` if it is free; None when
+        none is running."""
         if subtask.role is not None:
             return subtask.role
-        free = [w for w in self.workers if w not in self._busy]
-        return (free or self.workers)[0]
+        live = [
+            w
+            for w in self.workers
+            if w not in self.team.status or self.team.status[w].state not in ("crashed", "stopped")
+        ]
+        if not live:
+            return None
+
+        def rank(w: str) -> tuple[bool, bool, bool, bool]:
+            status = self.team.status.get(w)
+            idle = status is None or status.state == "idle"
+            return (w in self._busy, w == avoid, w != prefer, not idle)
+
+        return min(live, key=rank)
 
     def _move(self, subtask_id: str, event: str) -> None:
         state = self._state()
@@ -328,5 +641,3 @@ class Conductor:
             while self._shown < len(state.decisions):
                 self.on_decision(state.decisions[self._shown])
                 self._shown += 1
-
-    _shown = 0

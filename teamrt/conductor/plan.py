@@ -144,21 +144,39 @@ def _find_cycle(subtasks: Sequence[Subtask]) -> list[str]:
 # --- the lifecycle --------------------------------------------------------------------------
 
 Status = Literal[
-    "pending", "assigned", "submitted", "verified", "done", "failed", "stuck", "escalated"
+    "pending",
+    "assigned",
+    "submitted",
+    "verified",
+    "done",
+    "failed",
+    "stuck",
+    "check_error",
+    "escalated",
 ]
 Event = Literal[
     "assign",
     "submit",
     "pass",
     "fail",
+    "check_error",
     "integrate",
     "conflict",
     "retry",
     "timeout",
     "escalate",
     "resolve",
+    "take_back",
     "reset",
 ]
+
+# Theory of operation. A subtask is assigned to a worker; the worker's answer submits it (or
+# the worker hangs, fails or is braked: stuck). The conductor's own check then verifies it
+# (red: failed; could not run at all: check_error), and the integration check makes it done
+# (red: a conflict, failed again). Failed and stuck subtasks are retried, or escalated to a
+# human, whose answer retries or resolves them; a check error is always escalated (retrying
+# cannot make a missing command appear). `take_back` returns work in flight to pending when the
+# run stops or resumes; `reset` starts it again after a replan.
 
 #: (status, event) -> the next status. Nothing else is a legal move.
 TRANSITIONS: dict[tuple[str, str], Status] = {
@@ -167,18 +185,33 @@ TRANSITIONS: dict[tuple[str, str], Status] = {
     ("assigned", "timeout"): "stuck",
     ("submitted", "pass"): "verified",
     ("submitted", "fail"): "failed",
+    ("submitted", "check_error"): "check_error",
     ("verified", "integrate"): "done",
     ("verified", "conflict"): "failed",
+    ("verified", "check_error"): "check_error",
     ("failed", "retry"): "assigned",
     ("failed", "escalate"): "escalated",
     ("stuck", "retry"): "assigned",
     ("stuck", "escalate"): "escalated",
+    ("check_error", "escalate"): "escalated",
     ("escalated", "retry"): "assigned",
     ("escalated", "resolve"): "done",
-    ("done", "reset"): "pending",  # a replan starts the work again
-    ("failed", "reset"): "pending",
-    ("stuck", "reset"): "pending",
-    ("escalated", "reset"): "pending",
+    **{
+        (status, "take_back"): "pending"
+        for status in (
+            "assigned",
+            "submitted",
+            "verified",
+            "failed",
+            "stuck",
+            "check_error",
+            "escalated",
+        )
+    },
+    **{
+        (status, "reset"): "pending"  # a replan starts the work again
+        for status in ("done", "failed", "stuck", "check_error", "escalated")
+    },
 }
 
 

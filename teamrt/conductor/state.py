@@ -21,6 +21,7 @@ class Decision(BaseModel):
     action: str  # assign, verify, integrate, retry, escalate, resolve, accept, replan, ...
     detail: str = ""
     evidence: Evidence | None = None
+    transcript: list[str] | None = None  # for a brake: the tail of the exchange that led to it
 
 
 class ConductorState(BaseModel):
@@ -33,7 +34,12 @@ class ConductorState(BaseModel):
     replans: int = 0
     tokens: int = 0
     cost: float = 0.0
-    outcome: str | None = None  # accepted, escalated, failed, step cap, ...
+    worker_steps: int = 0
+    assignees: dict[str, str] = Field(default_factory=dict)  # who has (or last had) a subtask
+    handoffs: dict[str, int] = Field(default_factory=dict)  # to another worker, no new result
+    last_checks: dict[str, str] = Field(default_factory=dict)  # fingerprint of the last check
+    #: accepted, budget, step cap, blocked, aborted, acceptance failed, check error, no workers
+    outcome: str | None = None
 
     def decide(
         self,
@@ -42,9 +48,16 @@ class ConductorState(BaseModel):
         subtask: str | None = None,
         detail: str = "",
         evidence: Evidence | None = None,
+        transcript: list[str] | None = None,
     ) -> Decision:
         decision = Decision(
-            step=self.step, by=by, subtask=subtask, action=action, detail=detail, evidence=evidence
+            step=self.step,
+            by=by,
+            subtask=subtask,
+            action=action,
+            detail=detail,
+            evidence=evidence,
+            transcript=transcript,
         )
         self.decisions.append(decision)
         return decision

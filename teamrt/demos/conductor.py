@@ -112,6 +112,8 @@ def _show(decision: Decision) -> None:
     if decision.evidence is not None:
         code = decision.evidence.exit_code
         evidence = f"  [exit {code}]" if code is not None else "  [did not run]"
+        if decision.evidence.error is not None:
+            evidence = f"  [check error: {decision.evidence.error[:60]}]"
     print(
         f"  {decision.step:3}  {decision.by:10} {decision.action:12} {what}"
         f"{decision.detail[:70]}{evidence}"
