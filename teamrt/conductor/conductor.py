@@ -135,6 +135,7 @@ class Conductor:
         """Run to an outcome: accepted, or the brake that stopped it."""
         await self.team.mail.add_member(self.human)
         await self.team.mail.add_member(self.name)
+        self.team.mail.inbox(self.name)  # its lease: a second conductor of this name fails here
         failed: Exception | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.escalations.serve)
