@@ -121,10 +121,18 @@ class RequestTimeout(TeamrtError, TimeoutError):
 class ModelError(TeamrtError):
     """The model service failed (after retries), or answered with something unusable."""
 
-    def __init__(self, message: str, *, status: int | None = None, attempts: int = 1) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        attempts: int = 1,
+        rate_limited: int = 0,
+    ) -> None:
         super().__init__(message)
         self.status = status
-        self.attempts = attempts
+        self.attempts = attempts  # HTTP requests made, retries included
+        self.rate_limited = rate_limited  # how many of them were answered 429
 
 
 class ModelRequestsBlocked(ModelError):

@@ -1,7 +1,9 @@
 """A scripted OpenAI-compatible HTTP server on 127.0.0.1, for testing the real client.
 
-Each POST takes the next scripted action (status, JSON body, headers, delay) and records the
-request it answered. It serves /v1/chat/completions and /v1/responses alike: the script decides.
+Each POST takes the next scripted action (status, JSON body or raw bytes, headers, delay, or a
+stream of server-sent events with pauses and faults) and records the request it answered. It
+serves /v1/chat/completions and /v1/responses alike: the script decides. HTTP/1.1 with keep-alive,
+streams sent chunked, so that a dropped connection is visible to the client as one.
 """
 
 from __future__ import annotations
@@ -15,12 +17,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class Cut:
+    """In a stream: drop the connection here, without ending the chunked body."""
+
+
+# a stream's items: a data payload (str), a pause in seconds (float), raw bytes, or a Cut
+StreamItem = str | float | bytes | Cut
+
+
 @dataclass
 class Action:
-    body: dict[str, Any]
+    body: dict[str, Any] | None
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    raw: bytes | None = None  # sent instead of the JSON body
+    content_type: str = "application/json"
+    stream: list[StreamItem] | None = None
 
 
 @dataclass
@@ -112,6 +125,93 @@ def error_body(message: str, kind: str = "server_error") -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": None}}
 
 
+def chat_chunks(
+    pieces: list[str],
+    tool_calls: list[tuple[str, str, str]] | None = None,
+    finish_reason: str | None = None,
+    usage: tuple[int, int] | None = (11, 7),
+    done: bool = True,
+) -> list[StreamItem]:
+    """A streamed Chat Completions answer: text pieces, tool calls (id, name, arguments; the
+    arguments split in two chunks), the finish reason, a usage chunk and [DONE]."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return json.dumps(
+            {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "model": "fake-model",
+                "choices": [choice],
+            }
+        )
+
+    items: list[StreamItem] = [chunk({"role": "assistant", "content": ""})]
+    items += [chunk({"content": piece}) for piece in pieces]
+    for n, (i, name, arguments) in enumerate(tool_calls or []):
+        half = len(arguments) // 2
+        first = {
+            "index": n,
+            "id": i,
+            "type": "function",
+            "function": {"name": name, "arguments": arguments[:half]},
+        }
+        items.append(chunk({"tool_calls": [first]}))
+        items.append(
+            chunk({"tool_calls": [{"index": n, "function": {"arguments": arguments[half:]}}]})
+        )
+    items.append(chunk({}, finish_reason or ("tool_calls" if tool_calls else "stop")))
+    if usage is not None:
+        prompt, completion = usage
+        items.append(
+            json.dumps(
+                {
+                    "id": "c1",
+                    "object": "chat.completion.chunk",
+                    "model": "fake-model",
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt,
+                        "completion_tokens": completion,
+                        "total_tokens": prompt + completion,
+                    },
+                }
+            )
+        )
+    if done:
+        items.append("[DONE]")
+    return items
+
+
+def responses_events(
+    pieces: list[str], calls: list[tuple[str, str, str]] | None = None
+) -> list[StreamItem]:
+    """A streamed Responses API answer: created, text deltas, completed (with the response)."""
+    final = responses_reply(text="".join(pieces) if pieces else None, calls=calls)
+    items: list[StreamItem] = [
+        json.dumps(
+            {
+                "type": "response.created",
+                "response": {**final, "status": "in_progress", "output": []},
+            }
+        )
+    ]
+    items += [
+        json.dumps(
+            {
+                "type": "response.output_text.delta",
+                "item_id": "msg_1",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": piece,
+            }
+        )
+        for piece in pieces
+    ]
+    items.append(json.dumps({"type": "response.completed", "response": final}))
+    return items
+
+
 class FakeOpenAI:
     def __init__(self) -> None:
         self.script: deque[Action] = deque()
@@ -119,6 +219,8 @@ class FakeOpenAI:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
@@ -131,17 +233,42 @@ class FakeOpenAI:
                 )
                 if action.delay:
                     time.sleep(action.delay)
-                data = json.dumps(action.body).encode()
                 try:
+                    if action.stream is not None:
+                        self._stream(action)
+                        return
+                    data = (
+                        action.raw if action.raw is not None else json.dumps(action.body).encode()
+                    )
                     self.send_response(action.status)
-                    self.send_header("content-type", "application/json")
+                    self.send_header("content-type", action.content_type)
                     self.send_header("content-length", str(len(data)))
                     for key, value in action.headers.items():
                         self.send_header(key, value)
                     self.end_headers()
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a timeout test)
+                    self.close_connection = True  # the client gave up (a timeout test)
+
+            def _stream(self, action: Action) -> None:
+                self.send_response(action.status)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                for key, value in action.headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                for item in action.stream or []:
+                    if isinstance(item, Cut):
+                        self.wfile.flush()
+                        self.close_connection = True
+                        return
+                    if isinstance(item, float):
+                        time.sleep(item)
+                        continue
+                    data = item if isinstance(item, bytes) else f"data: {item}\n\n".encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -169,4 +296,16 @@ class FakeOpenAI:
         delay: float = 0.0,
     ) -> FakeOpenAI:
         self.script.append(Action(body, status, headers or {}, delay))
+        return self
+
+    def then_raw(
+        self, data: bytes, content_type: str = "application/json", status: int = 200
+    ) -> FakeOpenAI:
+        """Answer with these bytes as they are (HTML, text that is not JSON, ...)."""
+        self.script.append(Action(None, status, raw=data, content_type=content_type))
+        return self
+
+    def then_stream(self, items: list[StreamItem], delay: float = 0.0) -> FakeOpenAI:
+        """Answer with a stream of server-sent events (see `StreamItem`)."""
+        self.script.append(Action(None, delay=delay, stream=items))
         return self

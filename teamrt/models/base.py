@@ -40,6 +40,8 @@ class ChatMessage(BaseModel):
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None  # on a tool result: the call it answers
     name: str | None = None  # on a tool result: the tool's name
+    # on an assistant message: the Responses API's reasoning items, sent back on the next call
+    reasoning: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def system(cls, content: str) -> ChatMessage:
@@ -92,7 +94,8 @@ class ModelReply(BaseModel):
     API `incomplete` answer is reported the same way): the loop does not take it as final.
     `attempts` counts the HTTP requests it took (retries are `attempts - 1`, of which
     `rate_limited` were 429 answers). `usage_estimated` is True when the server reported no
-    usage and the tokens were estimated locally.
+    usage and the tokens were estimated locally. `reasoning` holds a reasoning model's items
+    (Responses API), carried into the conversation so the next call sends them back.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -105,9 +108,15 @@ class ModelReply(BaseModel):
     attempts: int = 1
     rate_limited: int = 0
     usage_estimated: bool = False
+    reasoning: tuple[dict[str, Any], ...] = ()  # Responses API reasoning items, to send back
 
     def as_message(self) -> ChatMessage:
-        return ChatMessage(role="assistant", content=self.text, tool_calls=self.tool_calls)
+        return ChatMessage(
+            role="assistant",
+            content=self.text,
+            tool_calls=self.tool_calls,
+            reasoning=self.reasoning,
+        )
 
 
 class TextDelta(BaseModel):

@@ -7,13 +7,14 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from teamrt.errors import ScriptExhausted, UsageError
 from teamrt.models.base import (
     ChatMessage,
     ModelReply,
+    TextDelta,
     ToolCall,
     ToolSpec,
     Usage,
@@ -46,6 +47,20 @@ class _TokenCounter:
         self._first = messages[0] if messages else None
         self._last = messages[-1] if messages else None
         return tokens
+
+
+async def streamed(answer: Awaitable[ModelReply]) -> AsyncIterator[TextDelta | ModelReply]:
+    """A reply as a stream: its text in a few chunks (split at spaces), then the reply."""
+    whole = await answer
+    text = whole.text or ""
+    step = max(8, len(text) // 3)
+    start = 0
+    while start < len(text):
+        end = text.find(" ", start + step)
+        end = len(text) if end < 0 else end + 1
+        yield TextDelta(text=text[start:end])
+        start = end
+    yield whole
 
 
 def reply(text: str, *, output_tokens: int | None = None) -> ModelReply:
@@ -118,6 +133,12 @@ class ScriptedModel:
         )
         return scripted.model_copy(update={"usage": usage, "model": self._name})
 
+    def stream(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AsyncIterator[TextDelta | ModelReply]:
+        """The next scripted reply as a stream: its text in a few chunks, then the reply."""
+        return streamed(self.complete(messages, tools))
+
     def assert_done(self) -> None:
         """Fail unless every scripted reply was used."""
         if self.remaining:
@@ -158,3 +179,9 @@ class FunctionModel:
                 f"FunctionModel function returned {type(answer).__name__}, not a ModelReply or str"
             )
         return answer.model_copy(update={"model": self._name})
+
+    def stream(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AsyncIterator[TextDelta | ModelReply]:
+        """The function's reply as a stream: its text in a few chunks, then the reply."""
+        return streamed(self.complete(messages, tools))

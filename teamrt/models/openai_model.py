@@ -2,62 +2,121 @@
 
 Chat Completions with tools is the default (the API that vLLM, llama.cpp and Ollama also speak);
 `api="responses"` uses the Responses API. Base URL, key and model come from the arguments or the
-environment (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL`). Retries are ours, not the
-SDK's, so that they are counted and bounded: 429 and 5xx answers, timeouts and connection errors
-are retried with exponential backoff, honouring `Retry-After`. SDK exceptions are translated into
-teamrt's `ModelError` family here and nowhere else.
+environment (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL`); a base URL without a key is a
+local server that needs none. The SDK sends and receives; the answer's bytes are decoded by
+`openai_wire` (pure), so any answer is a reply or a `ModelError`, never another exception.
+
+Retries are ours, not the SDK's, so that they are counted and bounded: 429 and 5xx answers,
+timeouts, dropped connections and broken streams are retried with exponential backoff, honouring
+`Retry-After` up to `max_retry_after`; a stream is only retried while nothing of it was passed
+on. Every reply (and every `ModelError` after retries) says how many attempts it took and how
+many were answered 429. SDK and HTTP exceptions are translated here and nowhere else.
 """
 
 from __future__ import annotations
 
 import email.utils
+import json
+import math
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
+import httpx2
 import openai
 
 from teamrt.errors import MissingAPIKey, ModelError, ModelTimeout, UsageError
 from teamrt.models.base import (
     ChatMessage,
     ModelReply,
-    ToolCall,
+    TextDelta,
     ToolSpec,
     Usage,
     check_model_requests_allowed,
+    message_tokens,
+)
+from teamrt.models.openai_wire import (
+    ChatStream,
+    ResponsesStream,
+    ResponsesTools,
+    SSEDecoder,
+    StreamFault,
+    Unusable,
+    chat_body,
+    decode_json,
+    parse_chat,
+    parse_responses,
+    responses_body,
 )
 
 Api = Literal["chat", "responses"]
 _RETRYABLE_STATUS = {408, 409, 429}
-_MAX_DELAY = 30.0
+_TRANSIENT = (
+    openai.APIConnectionError,  # APITimeoutError too
+    openai.APIStatusError,
+    httpx2.HTTPError,  # raised while a stream's body is read
+    httpx2.StreamError,
+    TimeoutError,  # our own per-attempt limit
+    StreamFault,
+)
 
 
-def _retry_after(exc: Exception) -> float | None:
-    """Seconds from a Retry-After (or retry-after-ms) header, if the answer had one."""
+def _retry_after(exc: BaseException) -> float | None:
+    """Seconds from a Retry-After (or retry-after-ms) header, or None when there is none or it
+    cannot be read (then the backoff applies)."""
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None)
     if not headers:
         return None
-    if (ms := headers.get("retry-after-ms")) is not None:
-        try:
-            return float(ms) / 1000
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
+    seconds: float | None = None
     try:
-        return float(value)
-    except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+        if (ms := headers.get("retry-after-ms")) is not None:
+            seconds = float(ms) / 1000
+        elif (value := headers.get("retry-after")) is not None:
+            try:
+                seconds = float(value)
+            except ValueError:
+                when = email.utils.parsedate_to_datetime(value)
+                seconds = max(0.0, when.timestamp() - time.time())
+    except (ValueError, TypeError, IndexError, OverflowError):
+        return None
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return None
+    return seconds
+
+
+@dataclass
+class _Tally:
+    """Attempts of one call, and how many of them were answered 429."""
+
+    attempts: int = 0
+    rate_limited: int = 0
+
+    def __str__(self) -> str:
+        limited = f", {self.rate_limited} rate limited (HTTP 429)" if self.rate_limited else ""
+        return f"{self.attempts} attempts{limited}"
+
+
+@dataclass(frozen=True)
+class _Call:
+    body: dict[str, Any]
+    strict: dict[str, dict[str, Any]]
 
 
 class OpenAIModel:
-    """A model behind an OpenAI-compatible HTTP API."""
+    """A model behind an OpenAI-compatible HTTP API.
+
+    `timeout` bounds one HTTP request (for a stream: the wait for each chunk); `max_retries`
+    more are made after a transient failure, waiting `backoff * 2**n` (jittered) or what the
+    server's `Retry-After` asks, as long as that is at most `max_retry_after` seconds. `store`
+    (Responses API) keeps responses on the server; off by default. A client passed in is the
+    caller's to close; one the model made is closed by `aclose()` (or `async with`).
+    """
 
     def __init__(
         self,
@@ -66,14 +125,18 @@ class OpenAIModel:
         base_url: str | None = None,
         api_key: str | None = None,
         api: Api = "chat",
-        timeout: float = 60.0,
+        timeout: float = 30.0,
         max_retries: int = 4,
         backoff: float = 0.5,
+        max_retry_after: float = 60.0,
         temperature: float | None = None,
+        store: bool = False,
         client: openai.AsyncOpenAI | None = None,
     ) -> None:
         if api not in ("chat", "responses"):
             raise UsageError(f"api must be 'chat' or 'responses', not {api!r}")
+        if not timeout > 0:
+            raise UsageError(f"timeout must be positive, not {timeout!r}")
         self.model = model or os.environ.get("OPENAI_MODEL") or ""
         if not self.model:
             raise UsageError("no model name: pass model=... or set OPENAI_MODEL")
@@ -83,9 +146,13 @@ class OpenAIModel:
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff = backoff
+        self.max_retry_after = max_retry_after
         self.temperature = temperature
+        self.store = store
         self._client = client
-        self.attempts = 0  # HTTP requests made, retries included
+        self._owns_client = client is None
+        self._headers: dict[str, Any] = {}
+        self.attempts = 0  # HTTP requests made over the model's life, retries included
 
     @property
     def name(self) -> str:
@@ -95,184 +162,280 @@ class OpenAIModel:
         if self._client is None:
             key = self._api_key or os.environ.get("OPENAI_API_KEY")
             if not key:
-                raise MissingAPIKey(
-                    f"no API key for model {self.model!r}: pass api_key=... or set "
-                    "OPENAI_API_KEY (a local server that needs none accepts any value)"
-                )
+                if not self.base_url:
+                    raise MissingAPIKey(
+                        f"no API key for model {self.model!r}: pass api_key=... or set "
+                        "OPENAI_API_KEY (for a local server that needs no key, set "
+                        "OPENAI_BASE_URL or pass base_url=... alone)"
+                    )
+                # a local server that needs no key: send no Authorization header at all
+                key, self._headers = "unused", {"Authorization": openai.omit}
             self._client = openai.AsyncOpenAI(
                 api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=0
             )
         return self._client
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.close()
+        """Close the HTTP client the model made (its connections); a later call opens a new one."""
+        client, self._client = self._client, None
+        if client is not None and self._owns_client:
+            await client.close()
+        elif client is not None:
+            self._client = client
+
+    async def __aenter__(self) -> OpenAIModel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- one call ------------------------------------------------------------------------------
+
+    def _prepare(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> _Call:
+        if self.api == "chat":
+            return _Call(chat_body(self.model, messages, tools, self.temperature), {})
+        specs = ResponsesTools.of(tools)
+        body = responses_body(self.model, messages, specs, self.temperature, self.store)
+        return _Call(body, specs.strict)
 
     async def complete(
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> ModelReply:
         check_model_requests_allowed(self.model)
         client = self._get_client()
-        send = self._chat if self.api == "chat" else self._responses
-        for attempt in range(self.max_retries + 1):
+        call = self._prepare(messages, tools)
+        tally = _Tally()
+        while True:
+            tally.attempts += 1
             self.attempts += 1
             try:
-                return await send(client, messages, tools)
-            except (
-                openai.APITimeoutError,
-                openai.APIConnectionError,
-                openai.APIStatusError,
-            ) as exc:
-                status = getattr(exc, "status_code", None)
-                retryable = status is None or status in _RETRYABLE_STATUS or status >= 500
-                if not retryable or attempt == self.max_retries:
-                    raise self._translate(exc, status, attempt + 1) from exc
-                delay = _retry_after(exc)
-                if delay is None:
-                    delay = self.backoff * 2**attempt * (0.5 + random.random())
-                await anyio.sleep(min(delay, _MAX_DELAY))
-        raise AssertionError("unreachable")  # pragma: no cover
+                with anyio.fail_after(self.timeout):
+                    reply = await self._send(client, call)
+            except Unusable as exc:
+                raise self._unusable(exc, tally) from None
+            except _TRANSIENT as exc:
+                await self._after_failure(exc, tally)
+                continue
+            except openai.OpenAIError as exc:
+                raise ModelError(
+                    f"{self._where}: {type(exc).__name__}: {exc} ({tally})",
+                    attempts=tally.attempts,
+                    rate_limited=tally.rate_limited,
+                ) from exc
+            return self._finish(reply, messages, tools, tally)
 
-    def _translate(self, exc: Exception, status: int | None, attempts: int) -> ModelError:
-        where = f"{self.model} at {self.base_url or 'the default endpoint'}"
-        if isinstance(exc, openai.APITimeoutError):
+    async def _send(self, client: openai.AsyncOpenAI, call: _Call) -> ModelReply:
+        if self.api == "chat":
+            raw: Any = await client.chat.completions.with_raw_response.create(
+                **call.body, extra_headers=self._headers
+            )
+        else:
+            raw = await client.responses.with_raw_response.create(
+                **call.body, extra_headers=self._headers
+            )
+        http = raw.http_response
+        kind = http.headers.get("content-type", "")
+        return self._parse(decode_json(http.status_code, kind, http.content), call)
+
+    def _parse(self, body: Any, call: _Call) -> ModelReply:
+        return parse_chat(body) if self.api == "chat" else parse_responses(body, call.strict)
+
+    def _finish(
+        self,
+        reply: ModelReply,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        tally: _Tally,
+    ) -> ModelReply:
+        update: dict[str, Any] = {
+            "model": reply.model or self.model,
+            "attempts": tally.attempts,
+            "rate_limited": tally.rate_limited,
+        }
+        if reply.usage_estimated:
+            update["usage"] = estimate_usage(messages, tools, reply)
+        return reply.model_copy(update=update)
+
+    @property
+    def _where(self) -> str:
+        return f"{self.model} at {self.base_url or 'the default endpoint'}"
+
+    def _unusable(self, exc: ModelError, tally: _Tally) -> ModelError:
+        return ModelError(
+            f"{self._where}: {exc} ({tally})",
+            status=exc.status or 200,
+            attempts=tally.attempts,
+            rate_limited=tally.rate_limited,
+        )
+
+    async def _after_failure(self, exc: BaseException, tally: _Tally) -> None:
+        """Wait before the next attempt, or raise the `ModelError` that ends the call."""
+        status = exc.status_code if isinstance(exc, openai.APIStatusError) else None
+        if status == 429:
+            tally.rate_limited += 1
+        retryable = status is None or status in _RETRYABLE_STATUS or status >= 500
+        if not retryable or tally.attempts > self.max_retries:
+            raise self._translate(exc, status, tally) from exc
+        delay = _retry_after(exc)
+        if delay is not None and delay > self.max_retry_after:
+            raise ModelError(
+                f"{self._where}: HTTP {status}: the server asks to retry after {delay:g}s, more "
+                f"than max_retry_after={self.max_retry_after:g}s ({tally})",
+                status=status,
+                attempts=tally.attempts,
+                rate_limited=tally.rate_limited,
+            ) from exc
+        if delay is None:
+            delay = self.backoff * 2 ** (tally.attempts - 1) * (0.5 + random.random())
+            delay = min(delay, self.max_retry_after)
+        await anyio.sleep(delay)
+
+    def _translate(self, exc: BaseException, status: int | None, tally: _Tally) -> ModelError:
+        attempts, limited = tally.attempts, tally.rate_limited
+        if isinstance(exc, openai.APITimeoutError | TimeoutError | httpx2.TimeoutException):
+            message = f"no answer within {self.timeout:g}s"
             return ModelTimeout(
-                f"{where}: no answer within {self.timeout:g}s ({attempts} attempts)",
-                attempts=attempts,
+                f"{self._where}: {message} ({tally})", attempts=attempts, rate_limited=limited
             )
         if status is None:
-            return ModelError(
-                f"{where}: {type(exc).__name__}: {exc} ({attempts} attempts)", attempts=attempts
+            message = f"{type(exc).__name__}: {str(exc) or 'no detail'}"
+        else:
+            message = f"HTTP {status}: {_status_detail(exc)}"
+        return ModelError(
+            f"{self._where}: {message} ({tally})",
+            status=status,
+            attempts=attempts,
+            rate_limited=limited,
+        )
+
+    # -- streaming -----------------------------------------------------------------------------
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AsyncIterator[TextDelta | ModelReply]:
+        """Yield `TextDelta`s as the text is written, then the whole `ModelReply`.
+
+        A fault before any text was passed on (a dropped connection, a malformed or truncated
+        chunk, a stall longer than `timeout`) is retried like a failed request; after that it
+        ends the stream with a `ModelError`. Close the iterator (`contextlib.aclosing`) when
+        leaving it early, so that the connection is released at once.
+        """
+        check_model_requests_allowed(self.model)
+        client = self._get_client()
+        call = self._prepare(messages, tools)
+        tally = _Tally()
+        while True:
+            tally.attempts += 1
+            self.attempts += 1
+            passed_on = False
+            try:
+                async with aclosing(self._events(client, call)) as events:
+                    async for item in events:
+                        if isinstance(item, TextDelta):
+                            passed_on = True
+                            yield item
+                        else:
+                            reply = item
+            except Unusable as exc:
+                raise self._unusable(exc, tally) from None
+            except _TRANSIENT as exc:
+                if passed_on:
+                    raise self._broken(exc, tally) from exc
+                await self._after_failure(exc, tally)
+                continue
+            except openai.OpenAIError as exc:
+                raise ModelError(
+                    f"{self._where}: {type(exc).__name__}: {exc} ({tally})",
+                    attempts=tally.attempts,
+                    rate_limited=tally.rate_limited,
+                ) from exc
+            yield self._finish(reply, messages, tools, tally)
+            return
+
+    def _broken(self, exc: BaseException, tally: _Tally) -> ModelError:
+        if isinstance(exc, TimeoutError | httpx2.TimeoutException):
+            return ModelTimeout(
+                f"{self._where}: the stream stalled for more than {self.timeout:g}s after part "
+                f"of the answer was passed on ({tally})",
+                attempts=tally.attempts,
+                rate_limited=tally.rate_limited,
             )
         return ModelError(
-            f"{where}: HTTP {status}: {exc} ({attempts} attempts)", status=status, attempts=attempts
+            f"{self._where}: the stream broke after part of the answer was passed on: "
+            f"{type(exc).__name__}: {exc} ({tally})",
+            attempts=tally.attempts,
+            rate_limited=tally.rate_limited,
         )
 
-    # -- Chat Completions --
-
-    async def _chat(
-        self,
-        client: openai.AsyncOpenAI,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-    ) -> ModelReply:
-        kwargs: dict[str, Any] = {
-            "model": self.model,
-            "messages": [_chat_message(m) for m in messages],
-        }
-        if tools:
-            kwargs["tools"] = [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": t.name,
-                        "description": t.description,
-                        "parameters": t.parameters,
-                    },
-                }
-                for t in tools
-            ]
-        if self.temperature is not None:
-            kwargs["temperature"] = self.temperature
-        response = await client.chat.completions.create(**kwargs)
-        if not response.choices:
-            raise ModelError(f"{self.model}: the answer has no choices")
-        choice = response.choices[0]
-        message = choice.message
-        calls = tuple(
-            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
-            for c in (message.tool_calls or ())
-            if getattr(c, "function", None) is not None
-        )
-        usage = response.usage
-        return ModelReply(
-            text=message.content,
-            tool_calls=calls,
-            model=response.model or self.model,
-            finish_reason=choice.finish_reason,
-            usage=Usage(
-                requests=1,
-                input_tokens=usage.prompt_tokens if usage else 0,
-                output_tokens=usage.completion_tokens if usage else 0,
-            ),
-        )
-
-    # -- Responses --
-
-    async def _responses(
-        self,
-        client: openai.AsyncOpenAI,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-    ) -> ModelReply:
-        items: list[dict[str, Any]] = []
-        for m in messages:
-            if m.role == "tool":
-                items.append(
-                    {
-                        "type": "function_call_output",
-                        "call_id": m.tool_call_id,
-                        "output": m.content or "",
-                    }
-                )
-                continue
-            if m.content:
-                items.append(
-                    {"role": "developer" if m.role == "system" else m.role, "content": m.content}
-                )
-            for c in m.tool_calls:
-                items.append(
-                    {
-                        "type": "function_call",
-                        "call_id": c.id,
-                        "name": c.name,
-                        "arguments": c.arguments,
-                    }
-                )
-        kwargs: dict[str, Any] = {"model": self.model, "input": items}
-        if tools:
-            kwargs["tools"] = [
-                {
-                    "type": "function",
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.parameters,
-                }
-                for t in tools
-            ]
-        if self.temperature is not None:
-            kwargs["temperature"] = self.temperature
-        response = await client.responses.create(**kwargs)
-        texts: list[str] = []
-        calls: list[ToolCall] = []
-        for item in response.output:
-            if item.type == "message":
-                texts += [part.text for part in item.content if part.type == "output_text"]
-            elif item.type == "function_call":
-                calls.append(
-                    ToolCall(id=item.call_id, name=item.name, arguments=item.arguments or "{}")
-                )
-        usage = response.usage
-        return ModelReply(
-            text="".join(texts) or None,
-            tool_calls=tuple(calls),
-            model=response.model or self.model,
-            finish_reason=response.status,
-            usage=Usage(
-                requests=1,
-                input_tokens=usage.input_tokens if usage else 0,
-                output_tokens=usage.output_tokens if usage else 0,
-            ),
-        )
+    async def _events(
+        self, client: openai.AsyncOpenAI, call: _Call
+    ) -> AsyncGenerator[TextDelta | ModelReply, None]:
+        """One attempt: the text deltas of one streamed answer, then its reply."""
+        if self.api == "chat":
+            opened: Any = client.chat.completions.with_streaming_response.create(
+                **call.body,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_headers=self._headers,
+            )
+            state: ChatStream | ResponsesStream = ChatStream()
+        else:
+            opened = client.responses.with_streaming_response.create(
+                **call.body, stream=True, extra_headers=self._headers
+            )
+            state = ResponsesStream(call.strict)
+        with anyio.fail_after(self.timeout):
+            response = await opened.__aenter__()
+        try:
+            http = response.http_response
+            kind = http.headers.get("content-type", "")
+            if "event-stream" not in kind:
+                # a server that does not stream (or an HTML page): read it as a whole answer
+                with anyio.fail_after(self.timeout):
+                    data = await http.aread()
+                reply = self._parse(decode_json(http.status_code, kind, data), call)
+                if reply.text:
+                    yield TextDelta(text=reply.text)
+                yield reply
+                return
+            decoder = SSEDecoder()
+            lines = http.aiter_lines()
+            while True:
+                with anyio.fail_after(self.timeout):
+                    line = await anext(lines, None)
+                data_ = decoder.feed(line) if line is not None else decoder.flush()
+                if data_ is not None and (piece := state.feed(data_)):
+                    yield TextDelta(text=piece)
+                if line is None or _finished(state):
+                    break
+            yield state.reply()
+        finally:
+            await opened.__aexit__(None, None, None)
 
 
-def _chat_message(m: ChatMessage) -> dict[str, Any]:
-    if m.role == "tool":
-        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content or ""}
-    out: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in m.tool_calls
-        ]
-    return out
+def _finished(state: ChatStream | ResponsesStream) -> bool:
+    return state.done if isinstance(state, ChatStream) else state.final is not None
+
+
+def _status_detail(exc: BaseException) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:300]
+    response = getattr(exc, "response", None)
+    try:
+        text = response.text if response is not None else str(exc)
+    except Exception:  # the body could not be decoded: say what the SDK said
+        text = str(exc)
+    return str(text)[:200] or str(exc)[:200]
+
+
+def estimate_usage(
+    messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], reply: ModelReply
+) -> Usage:
+    """Tokens of a call whose answer reported none: about 4 characters a token."""
+    given = sum(message_tokens(m) for m in messages)
+    for t in tools:
+        given += (len(t.name) + len(t.description) + len(json.dumps(t.parameters))) // 4
+    return Usage(requests=1, input_tokens=given, output_tokens=message_tokens(reply.as_message()))
