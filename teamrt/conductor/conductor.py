@@ -35,26 +35,26 @@ import anyio
 
 from teamrt.conductor.brakes import Budget, fingerprint, transcript_tail
 from teamrt.conductor.checks import Evidence, Policy, run_check
-from teamrt.conductor.escalation import Escalations
-from teamrt.conductor.plan import Plan, PlanError, Subtask, advance, pick
+from teamrt.conductor.escalation import Escalations, announcement, question
+from teamrt.conductor.plan import Plan, Subtask, advance, pick
+from teamrt.conductor.planner import make_plan
 from teamrt.conductor.state import ConductorState, Decision
+from teamrt.conductor.watch import Chatter, MailWatch
 from teamrt.envelopes import Envelope
 from teamrt.errors import LimitExceeded, RemoteError, RequestTimeout, TeammateGone, UsageError
-from teamrt.models.base import ChatMessage, Model
-from teamrt.team import IDLE, IdleBody, TaskResult, Team
+from teamrt.models.base import Model
+from teamrt.team import TaskResult, Team
 
 log = logging.getLogger("teamrt.conductor")
-
-PLAN_PROMPT = """You are a planner. Break the goal into subtasks that each fit one worker.
-Every subtask MUST have a check: a command whose exit code is 0 when it is done.
-Answer with JSON only: {"subtasks": [{"id": "short-id", "description": "...",
-"check": "command", "depends_on": ["other-id"]}], "integration_check": "command or null",
-"acceptance_check": "command"}"""
 
 #: How often the conductor looks at its workers while it waits for an answer (seconds).
 WATCH_INTERVAL = 0.05
 
 Verdict = Literal["done", "failed", "stuck", "check_error"]
+
+
+def _circling(why: str) -> str:
+    return f"{why}, with no new check result"
 
 
 @dataclass
@@ -64,7 +64,7 @@ class _Answer:
     text: str | None = None
     failure: str = ""
     hung: bool = False  # no answer in time: the worker is cancelled
-    chatter: str | None = None  # the chatter brake stopped it
+    chatter: Chatter | None = None  # the chatter brake stopped it
 
 
 class Conductor:
@@ -126,8 +126,8 @@ class Conductor:
         self._busy: set[str] = set()
         self._shown = 0
         self._wave: anyio.CancelScope | None = None
-        self._rounds_at: dict[str, int] = {}  # each worker's mail rounds at the last new result
-        self._chatter: tuple[str, frozenset[str]] | None = None  # braked, not yet escalated
+        self.mail_watch = MailWatch(team, self.workers, exchange_cap)
+        self._chatter: Chatter | None = None  # braked, not yet escalated
 
     # -- the run --
 
@@ -152,7 +152,7 @@ class Conductor:
     async def _run(self) -> ConductorState:
         state = ConductorState.load(self.state_path)
         if state is None or state.goal != self.goal:
-            plan = self.plan or await self._make_plan(None)
+            plan = self.plan or await make_plan(self._planner(), self.goal)
             state = ConductorState(
                 goal=self.goal, plan=plan, statuses={s.id: "pending" for s in plan.subtasks}
             )
@@ -166,7 +166,7 @@ class Conductor:
                     state.statuses[sid] = advance(status, "take_back")
                     state.decide("conductor", "take back", sid, f"was {status} at the crash")
         self.state = state
-        self._mark_progress()
+        self.mail_watch.progress()
         self._save()
         while state.outcome is None:
             if all(v == "done" for v in state.statuses.values()):
@@ -203,7 +203,7 @@ class Conductor:
             failed = state.statuses[sid] in ("failed", "stuck")
             chatter = self._take_chatter(None) if failed else None
             if chatter is not None:
-                if not await self._escalate(subtask, chatter + " with no new check result"):
+                if not await self._escalate(subtask, _circling(chatter.why), chatter.said):
                     return
                 continue
             previous = state.assignees.get(sid)
@@ -225,14 +225,14 @@ class Conductor:
             state.rounds[sid] = state.rounds.get(sid, 0) + 1
             state.decide("conductor", "assign", sid, f"to {worker}, round {state.rounds[sid]}")
             self._save()
-            verdict, feedback, why = await self._attempt(subtask, worker, feedback)
+            verdict, feedback, why, said = await self._attempt(subtask, worker, feedback)
             self._save()
             spent = not await self._may_spend()  # if so, the brake ends the wave
             if verdict == "done" or spent:
                 return
             if why is None and state.rounds[sid] >= self.round_cap:
                 why = f"it failed {state.rounds[sid]} rounds (round cap {self.round_cap})"
-            if why is not None and not await self._escalate(subtask, why):
+            if why is not None and not await self._escalate(subtask, why, said):
                 return
 
     def _bounced(self, sid: str, worker: str) -> str | None:
@@ -243,28 +243,30 @@ class Conductor:
             return None
         if state.handoffs.get(sid, 0) + 1 < self.bounce_cap:
             return None
-        return (
+        return _circling(
             f"it went from worker to worker {state.handoffs.get(sid, 0)} times and would go "
-            f"from {previous} to {worker} again, with no new check result"
+            f"from {previous} to {worker} again"
         )
 
     async def _attempt(
         self, subtask: Subtask, worker: str, feedback: str
-    ) -> tuple[Verdict, str, str | None]:
-        """One round: ask, check, integrate. The verdict, the feedback for the next round, and
-        why it must go to a human now (a brake or a check error), if it must."""
+    ) -> tuple[Verdict, str, str | None, tuple[str, ...]]:
+        """One round: ask, check, integrate. The verdict, the feedback for the next round, why
+        it must go to a human now (a brake or a check error) if it must, and what the workers
+        said if chatter is why."""
         state = self._state()
         sid = subtask.id
         answer = await self._ask(worker, subtask, feedback)
         if answer.text is None:
             self._move(sid, "timeout")
             if answer.chatter is not None:
-                state.decide("conductor", "stuck", sid, f"taken back: {answer.chatter}")
-                return "stuck", "", answer.chatter + " with no new check result"
+                chatter = answer.chatter
+                state.decide("conductor", "stuck", sid, f"taken back: {chatter.why}")
+                return "stuck", "", _circling(chatter.why), chatter.said
             state.decide("conductor", "stuck", sid, answer.failure)
             if answer.hung:
                 await self._cancel(worker, f"hung on subtask {sid}: {answer.failure}")
-            return "stuck", "The previous attempt did not finish.", None
+            return "stuck", "The previous attempt did not finish.", None, ()
         self._move(sid, "submit")
         state.decide(worker, "submit", sid, answer.text[:300])
         evidence = await run_check(subtask.check, self.workdir, self.policy)
@@ -272,34 +274,35 @@ class Conductor:
         if evidence.error is not None:
             self._move(sid, "check_error")
             state.decide("conductor", "check error", sid, evidence.error, evidence)
-            return "check_error", "", f"its check could not run: {evidence.error}"
+            return "check_error", "", f"its check could not run: {evidence.error}", ()
         if not evidence.passed:
             self._move(sid, "fail")
             state.decide("conductor", "verify", sid, "check failed", evidence)
-            return "failed", f"The check `{subtask.check}` failed:\n{evidence.tail}", None
+            return "failed", f"The check `{subtask.check}` failed:\n{evidence.tail}", None, ()
         self._move(sid, "pass")
         state.decide("conductor", "verify", sid, "check passed", evidence)
         check = state.plan.integration_check
         if check is None:
             self._move(sid, "integrate")
             state.decide("conductor", "integrate", sid, "no integration check")
-            return "done", "", None
+            return "done", "", None, ()
         evidence = await run_check(check, self.workdir, self.policy)
         if evidence.error is not None:
             self._move(sid, "check_error")
             detail = f"integration: {evidence.error}"
             state.decide("conductor", "check error", sid, detail, evidence)
-            return "check_error", "", f"the integration check could not run: {evidence.error}"
+            why = f"the integration check could not run: {evidence.error}"
+            return "check_error", "", why, ()
         if evidence.passed:
             self._move(sid, "integrate")
             state.decide("conductor", "integrate", sid, "integration check passed", evidence)
-            return "done", "", None
+            return "done", "", None, ()
         self._move(sid, "conflict")
         state.decide("conductor", "conflict", sid, "integration check failed", evidence)
         feedback = (
             "Your piece passes its own check but breaks the integration check:\n" + evidence.tail
         )
-        return "failed", feedback, None
+        return "failed", feedback, None, ()
 
     async def _ask(self, worker: str, subtask: Subtask, feedback: str) -> _Answer:
         """Give the subtask to `worker` and wait for its answer, watching for chatter."""
@@ -342,24 +345,17 @@ class Conductor:
             answer.text = result.answer or ""
         return answer
 
-    async def _escalate(self, subtask: Subtask, why: str) -> bool:
+    async def _escalate(self, subtask: Subtask, why: str, said: Sequence[str] = ()) -> bool:
         """Ask the human; True if the subtask goes on (retry), False if it is settled."""
         state = self._state()
         sid = subtask.id
         self._move(sid, "escalate")
-        tail = transcript_tail(state.decisions, sid, extra=self._mail_rounds())
+        tail = transcript_tail(state.decisions, sid, extra=said)
         evidence = next(
             (d.evidence for d in reversed(state.decisions) if d.subtask == sid and d.evidence),
             None,
         )
-        request = self.escalations.question(
-            f"Subtask {sid} needs you: {why}.\n"
-            + (f"Last check: {evidence.command} -> {evidence.describe()}\n" if evidence else "")
-            + "What happened (the tail):\n  "
-            + "\n  ".join(tail)
-            + "\nAnswer 'retry' (more rounds), 'done' (accept it as it is) or 'abort' "
-            "(stop the run), as a response to this request."
-        )
+        request = self.escalations.question(question(sid, why, evidence, tail))
         command = self.escalations.command(request.id)
         state.decide(
             "conductor",
@@ -370,13 +366,7 @@ class Conductor:
             tail,
         )
         self._save()
-        lines = [f"ESCALATION: subtask {sid} needs a human: {why}."]
-        if evidence is not None:
-            lines.append(f"Evidence: `{evidence.command}` -> {evidence.describe()}")
-            lines += ["  | " + line for line in evidence.tail.strip().splitlines()[-15:]]
-        lines += ["What happened (the tail):", *("  " + line for line in tail)]
-        lines += ["The run waits for the answer (retry, done or abort). Answer with:", command]
-        log.warning("%s", "\n".join(lines))
+        log.warning("%s", announcement(sid, why, evidence, tail, command))
         answer = await self.escalations.ask(request, timeout=self.escalation_timeout)
         if answer is None:
             log.warning(
@@ -396,7 +386,7 @@ class Conductor:
         if answer == "retry":
             state.rounds[sid] = 0
             state.handoffs[sid] = 0
-            self._mark_progress()  # the human has seen it: the brakes count afresh
+            self.mail_watch.progress()  # the human has seen it: the brakes count afresh
             self._save()
             return True
         if answer == "done":
@@ -441,8 +431,10 @@ class Conductor:
             return
         state.replans += 1
         old = {s.id: s for s in state.plan.subtasks}
-        plan = await self._make_plan(
-            f"`{evidence.command}` exited with {evidence.exit_code}:\n{evidence.tail}"
+        plan = await make_plan(
+            self._planner(),
+            self.goal,
+            f"`{evidence.command}` exited with {evidence.exit_code}:\n{evidence.tail}",
         )
         state.plan = plan
         state.statuses = {
@@ -455,32 +447,6 @@ class Conductor:
             "conductor", "replan", detail=f"replan {state.replans}: {len(plan.subtasks)} subtasks"
         )
         self._save()
-
-    async def _make_plan(self, failure: str | None) -> Plan:
-        """A plan from the planner model, with one repair attempt on invalid output."""
-        assert self.planner is not None
-        messages = [ChatMessage.system(PLAN_PROMPT), ChatMessage.user(f"GOAL: {self.goal}")]
-        if failure:
-            messages.append(
-                ChatMessage.user(
-                    f"The last plan was completed but the acceptance "
-                    f"check failed:\n{failure[-2000:]}"
-                )
-            )
-        for attempt in range(2):
-            reply = await self.planner.complete(messages, [])
-            try:
-                return Plan.parse(reply.text or "")
-            except PlanError as exc:
-                if attempt == 1:
-                    raise
-                messages += [
-                    ChatMessage(role="assistant", content=reply.text),
-                    ChatMessage.user(
-                        f"That plan is invalid: {exc}. Answer again with valid JSON only."
-                    ),
-                ]
-        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- brakes --
 
@@ -541,42 +507,29 @@ class Conductor:
         self._state().decide("conductor", "cancel", detail=f"{worker}: {reason}")
 
     async def _watch(self) -> None:
-        """Until cancelled: stop workers that trade `exchange_cap` rounds of mail since the last
-        new check result; the next subtask of theirs to come up is escalated (`_take_chatter`)."""
+        """Until cancelled: stop workers that trade `exchange_cap` rounds of mail with no new
+        check result; the next subtask of theirs to come up is escalated (`_take_chatter`)."""
         while True:
             await anyio.sleep(WATCH_INTERVAL)
             if self.state is None or self.state.outcome is not None:
                 continue
-            grown = {
-                w: self.team.status[w].rounds - self._rounds_at.get(w, 0)
-                for w in self.workers
-                if w in self.team.status
-            }
-            rounds = sum(grown.values())
-            if rounds < self.exchange_cap:
+            chatter = self.mail_watch.seen()
+            if chatter is None:
                 continue
-            talkers = frozenset(w for w, n in grown.items() if n > 0)
-            self._mark_progress()  # one brake per exchange
-            why = f"workers traded {rounds} rounds of mail ({', '.join(sorted(talkers))})"
-            self.state.decide("conductor", "brake", detail=why)
-            self._chatter = (why, talkers)
-            for worker in sorted(talkers):
-                await self._cancel(worker, f"braked: {why}", idle_too=True)
+            self.state.decide("conductor", "brake", detail=chatter.why)
+            self._chatter = chatter
+            for worker in sorted(chatter.talkers):
+                await self._cancel(worker, f"braked: {chatter.why}", idle_too=True)
             self._save()
 
-    def _take_chatter(self, asked: str | None) -> str | None:
-        """The chatter brake's reason, for the subtask given to `asked` (one of the talkers)
-        or for any subtask that comes up (None); once."""
-        if self._chatter is None:
-            return None
-        why, talkers = self._chatter
-        if asked is not None and asked not in talkers:
+    def _take_chatter(self, asked: str | None) -> Chatter | None:
+        """The chatter brake, for the subtask given to `asked` (one of the talkers) or for any
+        subtask that comes up (None); once."""
+        chatter = self._chatter
+        if chatter is None or (asked is not None and asked not in chatter.talkers):
             return None
         self._chatter = None
-        return why
-
-    def _mark_progress(self) -> None:
-        self._rounds_at = {w: s.rounds for w, s in self.team.status.items()}
+        return chatter
 
     def _record_check(self, sid: str, evidence: Evidence) -> None:
         state = self._state()
@@ -584,18 +537,7 @@ class Conductor:
         if state.last_checks.get(sid) != mark:
             state.last_checks[sid] = mark
             state.handoffs[sid] = 0
-            self._mark_progress()
-
-    def _mail_rounds(self) -> list[str]:
-        """What the workers said at the end of their recent rounds of mail (idle notices)."""
-        out = []
-        for envelope in list(self.team.notices)[-20:]:
-            if envelope.type != IDLE or envelope.sender not in self.workers:
-                continue
-            last = envelope.payload(IdleBody).last
-            if last is not None and last.answer:
-                out.append(f"{envelope.sender}: {last.answer}")
-        return out[-6:]
+            self.mail_watch.progress()
 
     def _refused(self, envelope: Envelope, why: str) -> None:
         log.warning("refused %s %s from %s: %s", envelope.kind, envelope.id, envelope.sender, why)
@@ -626,6 +568,10 @@ class Conductor:
             return (w in self._busy, w == avoid, w != prefer, not idle)
 
         return min(live, key=rank)
+
+    def _planner(self) -> Model:
+        assert self.planner is not None
+        return self.planner
 
     def _move(self, subtask_id: str, event: str) -> None:
         state = self._state()

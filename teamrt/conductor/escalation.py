@@ -17,11 +17,12 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 
+from teamrt.conductor.checks import Evidence
 from teamrt.envelopes import Envelope, ErrorBody, Request, Response
 from teamrt.errors import TeamrtError
 from teamrt.mail.mailboxes import FileMailboxes, Mailboxes
@@ -29,6 +30,34 @@ from teamrt.mail.mailboxes import FileMailboxes, Mailboxes
 ANSWERS = ("retry", "done", "abort")
 INVALID_ANSWER = "InvalidAnswer"  # the error type of a refusal
 ESCALATION = "escalation"  # the envelope type of the question
+EVIDENCE_LINES = 15  # lines of a check's output shown on the terminal
+
+
+def question(subtask: str, why: str, evidence: Evidence | None, tail: Sequence[str]) -> str:
+    """The body of the escalation request: what failed, the last check, the tail."""
+    lines = [f"Subtask {subtask} needs you: {why}."]
+    if evidence is not None:
+        lines.append(f"Last check: {evidence.command} -> {evidence.describe()}")
+    lines += ["What happened (the tail):", *("  " + line for line in tail)]
+    lines.append(
+        "Answer 'retry' (more rounds), 'done' (accept it as it is) or 'abort' (stop the run), "
+        "as a response to this request."
+    )
+    return "\n".join(lines)
+
+
+def announcement(
+    subtask: str, why: str, evidence: Evidence | None, tail: Sequence[str], command: str
+) -> str:
+    """What the terminal and the log say: what failed, the evidence tail, the exchange's tail,
+    and (last line) the exact command that answers."""
+    lines = [f"ESCALATION: subtask {subtask} needs a human: {why}."]
+    if evidence is not None:
+        lines.append(f"Evidence: `{evidence.command}` -> {evidence.describe()}")
+        lines += ["  | " + line for line in evidence.tail.strip().splitlines()[-EVIDENCE_LINES:]]
+    lines += ["What happened (the tail):", *("  " + line for line in tail)]
+    lines += ["The run waits for the answer (retry, done or abort). Answer with:", command]
+    return "\n".join(lines)
 
 
 @dataclass
