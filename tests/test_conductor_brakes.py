@@ -591,3 +591,56 @@ anyio.run(main)
     assert "-> exit 3" in done.stderr
     assert "teamrt send TEAM_DIR --from human --to conductor --kind response" in done.stderr
     assert "no answer within 0.2s: the run stops" in done.stderr
+
+
+async def test_a_hung_worker_in_another_process_is_passed_over_for_a_free_one(
+    tmp_path: Path,
+) -> None:
+    """`slow` runs in a `teamrt run-agent` process and hangs: its subtask goes to the free
+    in-process worker. (`Team.cancel` cannot reach another process: nothing is cancelled.)"""
+    team_dir = tmp_path / "team"
+    root = Path(__file__).resolve().parent.parent
+    async with (
+        FileMailboxes(team_dir, members=["slow"]) as mail,
+        Team(mail, [worker("free", tmp_path)], remote=["slow"], shutdown_deadline=0.5) as team,
+    ):
+        process = await anyio.open_process(
+            [
+                PY,
+                "-m",
+                "teamrt",
+                "run-agent",
+                str(team_dir),
+                "--name",
+                "slow",
+                "--spec",
+                "tests.conductor_procs:hanger",
+            ],
+            cwd=root,
+        )
+        try:
+            assert process.stdout is not None
+            with anyio.fail_after(30):
+                first = await process.stdout.receive()
+            assert b"slow: running as incarnation" in first
+            state = await Conductor(
+                team,
+                "make a",
+                plan=plan(sub("a")),
+                workdir=tmp_path,
+                policy=POLICY,
+                workers=["slow", "free"],
+                subtask_timeout=1.0,
+            ).run()
+        finally:
+            process.kill()
+            await process.wait()
+            await process.aclose()
+    assert state.outcome == "accepted"
+    assert (tmp_path / "a").read_text() == "free"
+    assert [d.detail.split(",")[0] for d in state.decisions if d.action == "assign"] == [
+        "to slow",
+        "to free",
+    ]
+    assert any(d.action == "stuck" and "slow did not answer" in d.detail for d in state.decisions)
+    assert not any(d.action == "cancel" for d in state.decisions)
