@@ -644,3 +644,37 @@ async def test_a_hung_worker_in_another_process_is_passed_over_for_a_free_one(
     ]
     assert any(d.action == "stuck" and "slow did not answer" in d.detail for d in state.decisions)
     assert not any(d.action == "cancel" for d in state.decisions)
+
+
+async def test_an_integration_check_that_cannot_run_is_escalated_not_a_conflict(
+    tmp_path: Path,
+) -> None:
+    p = Plan(
+        subtasks=(sub("a"),),
+        integration_check=f"{PY} -m no_such_module_here",  # runs: exit 1 is red, not an error
+        acceptance_check=exists("a"),
+    )
+    broken = p.model_copy(update={"integration_check": "rm -rf /"})  # refused by the policy
+    for chosen, action in ((broken, "check error"), (p, "conflict")):
+        (tmp_path / "a").unlink(missing_ok=True)
+        async with (
+            MemoryMailboxes() as mail,
+            Team(mail, [worker("w", tmp_path)]) as team,
+        ):
+            state = await Conductor(
+                team,
+                "make a",
+                plan=chosen,
+                workdir=tmp_path,
+                policy=Policy.prefixes(PY),
+                round_cap=1,
+                escalation_timeout=0.1,
+                state_path=tmp_path / f"{action}.json",
+            ).run()
+        assert state.outcome == "aborted"  # nobody answered the escalation
+        decision = next(d for d in state.decisions if d.action == action)
+        if action == "check error":
+            assert decision.detail.startswith("integration: not allowed by the policy")
+            assert not any(d.action == "conflict" for d in state.decisions)
+        else:
+            assert decision.evidence is not None and decision.evidence.exit_code == 1
