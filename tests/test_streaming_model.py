@@ -177,6 +177,14 @@ async def test_a_stall_is_retried_then_a_timeout(server: FakeOpenAI, model: Make
         await collect(model(timeout=0.2))
 
 
+async def test_a_stream_of_comments_only_times_out(server: FakeOpenAI, model: MakeModel) -> None:
+    chunks = chat_chunks(["never"])
+    keepalive: list[StreamItem] = [chunks[0]] + [b": keep-alive\n\n", 0.05] * 20
+    server.then_stream(keepalive)
+    with pytest.raises(ModelTimeout, match=r"no answer within 0.2s \(1 attempts\)"):
+        await collect(model(timeout=0.2, max_retries=0))
+
+
 async def test_an_error_event_is_a_clean_error(server: FakeOpenAI, model: MakeModel) -> None:
     server.then_stream([json.dumps({"type": "error", "code": "x", "message": "bad input"})])
     with pytest.raises(ModelError, match="error mid-stream: bad input"):

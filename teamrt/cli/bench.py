@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 
 from teamrt.agents import Agent, Limits, Memory, tool
+from teamrt.cli.bench_models import model_figures
 from teamrt.cli.bench_team import team_figures
 from teamrt.envelopes import Envelope, Message, new_id
 from teamrt.mail.log import encode, stamp
@@ -888,6 +889,7 @@ async def _run(root: Path, sizes: Sizes, only: str | None) -> list[Figure]:
         ("replay", bench.replay),
         ("acks", lambda: ack_costs(bench)),
         ("teamwork", lambda: team_figures(bench)),
+        ("models", lambda: model_figures(bench)),
     ]
     for name, step in steps:
         if only is None or name == only or (only == "contention" and name == "sends"):

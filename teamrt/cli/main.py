@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         choices=[
             *("sends", "contention", "round_trips", "wakes", "depth", "agent", "team", "replay"),
-            *("acks", "teamwork"),
+            *("acks", "teamwork", "models"),
         ],
         help="run one group of measurements",
     )

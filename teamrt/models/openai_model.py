@@ -227,11 +227,11 @@ class OpenAIModel:
     async def _send(self, client: openai.AsyncOpenAI, call: _Call) -> ModelReply:
         if self.api == "chat":
             raw: Any = await client.chat.completions.with_raw_response.create(
-                **call.body, extra_headers=self._headers
+                **call.body, extra_headers=self._headers, timeout=self.timeout
             )
         else:
             raw = await client.responses.with_raw_response.create(
-                **call.body, extra_headers=self._headers
+                **call.body, extra_headers=self._headers, timeout=self.timeout
             )
         http = raw.http_response
         kind = http.headers.get("content-type", "")
@@ -377,11 +377,12 @@ class OpenAIModel:
                 stream=True,
                 stream_options={"include_usage": True},
                 extra_headers=self._headers,
+                timeout=self.timeout,
             )
             state: ChatStream | ResponsesStream = ChatStream()
         else:
             opened = client.responses.with_streaming_response.create(
-                **call.body, stream=True, extra_headers=self._headers
+                **call.body, stream=True, extra_headers=self._headers, timeout=self.timeout
             )
             state = ResponsesStream(call.strict)
         with anyio.fail_after(self.timeout):
@@ -398,17 +399,30 @@ class OpenAIModel:
                     yield TextDelta(text=reply.text)
                 yield reply
                 return
+            # each read waits at most `timeout` (the request's read timeout); the clock here
+            # catches a server that keeps sending bytes (comments, blank lines) but no event
             decoder = SSEDecoder()
             lines = http.aiter_lines()
-            while True:
-                with anyio.fail_after(self.timeout):
-                    line = await anext(lines, None)
-                data_ = decoder.feed(line) if line is not None else decoder.flush()
-                if data_ is not None and (piece := state.feed(data_)):
+            quiet_since = time.monotonic()
+            async for line in lines:
+                data = decoder.feed(line)
+                if data is None:
+                    if time.monotonic() - quiet_since > self.timeout:
+                        raise TimeoutError
+                    continue
+                quiet_since = time.monotonic()
+                if piece := state.feed(data):
                     yield TextDelta(text=piece)
-                if line is None or _finished(state):
+                if _finished(state):
                     break
-            yield state.reply()
+            else:
+                if (data := decoder.flush()) is not None and (piece := state.feed(data)):
+                    yield TextDelta(text=piece)
+            reply = state.reply()
+            with anyio.move_on_after(min(self.timeout, 1.0)):
+                async for _ in lines:
+                    pass  # the end of the body: the connection goes back to the pool
+            yield reply
         finally:
             await opened.__aexit__(None, None, None)
 

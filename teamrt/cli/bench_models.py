@@ -1,0 +1,228 @@
+"""Model figures for `teamrt bench`: the time of one model call through `OpenAIModel` beside the
+same call made with the bare `openai` client, in the same run, against one scripted
+OpenAI-compatible server on 127.0.0.1 (a child process: `python -m teamrt.cli.bench_models
+_serve PORT_FILE`). The server's time is in both; the ratio is what the adapter adds."""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import openai
+
+from teamrt.models import ChatMessage, OpenAIModel, ToolSpec, allow_model_requests
+
+if TYPE_CHECKING:
+    from teamrt.cli.bench import Bench
+
+_ANSWER = {
+    "id": "chatcmpl-bench",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "bench-model",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "The stock is 14 units."},
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 60, "completion_tokens": 8, "total_tokens": 68},
+}
+_PIECES = ["The stock ", "is 14 ", "units."]
+_MESSAGES = [
+    ChatMessage.system("You check stock. Answer in one sentence."),
+    ChatMessage.user("How many earbuds are in stock?"),
+]
+_TOOLS = [
+    ToolSpec(
+        name="check_stock",
+        description="How many of a SKU are in stock.",
+        parameters={
+            "type": "object",
+            "properties": {"sku": {"type": "string"}},
+            "required": ["sku"],
+        },
+    )
+]
+
+
+def _stream_events() -> list[bytes]:
+    def chunk(delta: dict[str, Any], finish: str | None = None, usage: Any = None) -> bytes:
+        choices = [] if usage else [{"index": 0, "delta": delta, "finish_reason": finish}]
+        body = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "bench-model"}
+        data = {**body, "choices": choices, **({"usage": usage} if usage else {})}
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": piece}) for piece in _PIECES]
+    events.append(chunk({}, "stop"))
+    events.append(chunk({}, usage=_ANSWER["usage"]))
+    return [*events, b"data: [DONE]\n\n"]
+
+
+def _serve(port_file: str) -> None:
+    answer = json.dumps(_ANSWER).encode()
+    events = _stream_events()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            # headers and body go out in two writes: without this, Nagle's algorithm holds the
+            # second until the client's delayed ACK (~40 ms a call)
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+            self.send_response(200)
+            if body.get("stream"):
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                for event in events:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            pass  # a client that closed its connection
+
+    server = Server(("127.0.0.1", 0), Handler)
+    Path(port_file).write_text(str(server.server_address[1]))
+    server.serve_forever()
+
+
+@contextmanager
+def _server() -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as scratch:
+        port_file = Path(scratch) / "port"
+        child = subprocess.Popen(
+            [sys.executable, "-m", "teamrt.cli.bench_models", "_serve", str(port_file)],
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not port_file.exists() or not port_file.read_text():
+                if time.monotonic() > deadline or child.poll() is not None:
+                    raise RuntimeError("the bench's model server did not start")
+                time.sleep(0.01)
+            yield f"http://127.0.0.1:{port_file.read_text()}/v1"
+        finally:
+            child.terminate()
+            child.wait(timeout=10)
+
+
+async def _timed(call: Callable[[], Awaitable[object]], n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter_ns()
+        await call()
+        times.append((time.perf_counter_ns() - start) / 1000)
+    return times
+
+
+async def _compare(
+    ours: Callable[[], Awaitable[object]],
+    bare: Callable[[], Awaitable[object]],
+    calls: int,
+) -> tuple[float, float]:
+    """Median microseconds per call of each, measured in alternating blocks after a warm-up."""
+    await _timed(ours, 20)
+    await _timed(bare, 20)
+    mine: list[float] = []
+    theirs: list[float] = []
+    block = 25
+    for _ in range(max(1, calls // block)):
+        mine += await _timed(ours, block)
+        theirs += await _timed(bare, block)
+    return statistics.median(mine), statistics.median(theirs)
+
+
+async def model_figures(bench: Bench) -> None:
+    from teamrt.cli.bench import Figure
+
+    calls = 100 if bench.sizes.sends < 1000 else 1000
+    wire: Any = [
+        {"role": "system", "content": _MESSAGES[0].content},
+        {"role": "user", "content": _MESSAGES[1].content},
+    ]
+    tools: Any = [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
+        for t in _TOOLS
+    ]
+    with _server() as url, allow_model_requests():
+        async with (
+            openai.AsyncOpenAI(api_key="bench", base_url=url, max_retries=0) as client,
+            OpenAIModel("bench-model", base_url=url, api_key="bench") as model,
+        ):
+
+            async def ours() -> object:
+                return (await model.complete(_MESSAGES, _TOOLS)).text
+
+            async def bare() -> object:
+                answer = await client.chat.completions.create(
+                    model="bench-model", messages=wire, tools=tools
+                )
+                return answer.choices[0].message.content
+
+            async def ours_streamed() -> object:
+                async for item in model.stream(_MESSAGES, _TOOLS):
+                    last = item
+                return last
+
+            async def bare_streamed() -> object:
+                stream = await client.chat.completions.create(
+                    model="bench-model",
+                    messages=wire,
+                    tools=tools,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                return [chunk async for chunk in stream]
+
+            for name, pair in (
+                ("model call through OpenAIModel, p50", (ours, bare)),
+                ("streamed model call through OpenAIModel, p50", (ours_streamed, bare_streamed)),
+            ):
+                mine, theirs = await _compare(*pair, calls)
+                bench.add(
+                    Figure(
+                        name,
+                        mine,
+                        "us",
+                        "the bare openai client, same server",
+                        theirs,
+                        "<= 1.2x baseline",
+                        mine <= 1.2 * theirs,
+                    )
+                )
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["_serve"]:
+        _serve(sys.argv[2])
