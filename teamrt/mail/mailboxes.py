@@ -42,6 +42,7 @@ from teamrt.errors import (
     RemoteError,
     RequestTimeout,
     StoreError,
+    TeammateGone,
     UsageError,
 )
 from teamrt.mail.filestore import FileStore
@@ -49,7 +50,7 @@ from teamrt.mail.inbox import Inbox, InboxStatistics, _Reply
 from teamrt.mail.log import decode_line, encode
 from teamrt.mail.memory import MemoryStore
 from teamrt.mail.signing import Signer, team_key
-from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Store
+from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, HEARTBEAT_INTERVAL, Durability, Store
 
 __all__ = [
     "DEFAULT_COMMIT_DELAY",
@@ -62,6 +63,10 @@ __all__ = [
 ]
 
 DEFAULT_RESCAN_INTERVAL = 1.0
+#: A request to a member that ran and is not running fails after this many seconds (the
+#: member may be between two incarnations, or starting), then is checked every half second.
+LIVENESS_GRACE = 2.0
+_LIVENESS_EVERY = 0.5
 #: How long background cursor commits (ack_nowait, routed responses) wait to batch acks.
 DEFAULT_COMMIT_DELAY = 0.01
 _POLL_INTERVAL = 0.05  # where the platform has no file notifications
@@ -114,6 +119,7 @@ class Mailboxes:
             await task_group.start(self._watch)
             task_group.start_soon(self._rescan)
             task_group.start_soon(self._committer)
+            task_group.start_soon(self._heartbeat)
         except BaseException:
             task_group.cancel_scope.cancel()
             await task_group.__aexit__(None, None, None)
@@ -247,10 +253,21 @@ class Mailboxes:
     # -- request / response --
 
     async def request(
-        self, envelope: Request, *, timeout: float | None = None, consume: bool = True
+        self,
+        envelope: Request,
+        *,
+        timeout: float | None = None,
+        consume: bool = True,
+        require_live: bool = True,
     ) -> Response:
         """Send a request and wait for its response, matched by id and accepted only from the
         member that was asked (answers from anyone else are counted as rejected and dropped).
+
+        A member that ran and is not running now (no live holder of its lease, or a holder
+        whose heartbeat stopped) fails the request within about `LIVENESS_GRACE` seconds
+        with `TeammateGone`, in any process, instead of at its timeout; the request stays in
+        its inbox for when it starts again. A member that never ran (a human answering with
+        `teamrt send`) is waited for; `require_live=False` waits for any member.
 
         The sender must be a member; its inbox is opened here (taking its lease) unless
         `consume=False`, which watches the sender's inbox for the answer without consuming it
@@ -266,9 +283,9 @@ class Mailboxes:
         elif timeout is not None and envelope.deadline is None:
             envelope = envelope.model_copy(update={"deadline": envelope.ts + timeout})
         if not consume:
-            response = await self._watch_for_response(envelope, timeout)
+            response = await self._watch_for_response(envelope, timeout, require_live)
         else:
-            response = await self._request(envelope, timeout)
+            response = await self._request(envelope, timeout, require_live)
         if response.is_error:
             try:
                 body = ErrorBody.model_validate(response.body)
@@ -286,15 +303,29 @@ class Mailboxes:
             envelope,
         )
 
-    async def _watch_for_response(self, envelope: Request, timeout: float | None) -> Response:
+    def _check_alive(self, envelope: Request) -> None:
+        if self.store.member_alive(envelope.recipient) is False:
+            raise TeammateGone(
+                f"{envelope.recipient} is not running (nobody holds its lease, or its holder "
+                f"stopped beating); request {envelope.id} (type {envelope.type!r}) stays in "
+                f"its inbox for when it starts again"
+            )
+
+    async def _watch_for_response(
+        self, envelope: Request, timeout: float | None, require_live: bool = True
+    ) -> Response:
         """Read the sender's inbox from its current end, without a lease, a commit or a
         quarantine entry, until the answer from the asked member arrives."""
         self._check_open()
         reader = self.store.tail_reader(envelope.sender)
+        check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
         try:
             await self.send(envelope)
             with anyio.move_on_after(math.inf if timeout is None else timeout):
                 while True:
+                    if time.monotonic() >= check_at:
+                        self._check_alive(envelope)
+                        check_at = time.monotonic() + _LIVENESS_EVERY
                     frames = reader.read()[1]
                     for frame in frames:
                         decoded = decode_line(frame[2]) if not frame[3] else None
@@ -312,17 +343,29 @@ class Mailboxes:
             reader.close()
         raise self._timed_out(envelope, timeout)
 
-    async def _request(self, envelope: Request, timeout: float | None) -> Response:
+    async def _request(
+        self, envelope: Request, timeout: float | None, require_live: bool = True
+    ) -> Response:
         inbox = self.inbox(envelope.sender)
         reply = _Reply(envelope.recipient)
         inbox._pending[envelope.id] = reply
         deadline = math.inf if timeout is None else time.monotonic() + timeout
+        check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
         try:
             await self.send(envelope)
             while reply.response is None:
                 inbox._pump()
-                if reply.response is not None or not await inbox._wait(deadline):
+                if reply.response is not None:
                     break
+                if not await inbox._wait(min(deadline, check_at)):
+                    if time.monotonic() >= deadline:
+                        break
+                    try:
+                        self._check_alive(envelope)
+                    except TeammateGone:
+                        inbox._timed_out.add(envelope.id)  # a late answer is counted as late
+                        raise
+                    check_at = time.monotonic() + _LIVENESS_EVERY
         finally:
             inbox._pending.pop(envelope.id, None)
         response = reply.response
@@ -358,6 +401,12 @@ class Mailboxes:
             for inbox in inboxes:
                 with contextlib.suppress(StoreError):
                     await inbox.flush()
+
+    async def _heartbeat(self) -> None:
+        """Keep the leases this process holds visibly alive to other processes."""
+        while True:
+            self.store.heartbeat()
+            await anyio.sleep(HEARTBEAT_INTERVAL)
 
     async def _rescan(self) -> None:
         interval = _POLL_INTERVAL if self.store.needs_polling else self._rescan_interval

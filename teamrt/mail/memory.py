@@ -70,6 +70,7 @@ class MemoryStore(Store):
         self.max_envelope = max_envelope
         self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
         self.inboxes: dict[str, _MemoryInbox] = {}
+        self._ran: set[str] = set()  # members whose lease was ever taken
 
     async def open(self, members: Sequence[str]) -> None:
         for name in members:
@@ -119,7 +120,13 @@ class MemoryStore(Store):
 
     def _lock_member(self, name: str, holder: str) -> object:
         self._inbox(name)  # one store object is the whole team: nobody else can hold it
+        self._ran.add(name)
         return None
+
+    def member_alive(self, name: str) -> bool | None:
+        if self.lease_held(name):
+            return True
+        return False if name in self._ran else None
 
     def _unlock_member(self, token: object) -> None:
         pass

@@ -18,6 +18,11 @@ from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Frame
 
 Durability = Literal["none", "fsync"]
 
+#: How often a process refreshes the heartbeat of the leases it holds, and after how long
+#: without one a holder counts as gone (a stopped or hung process).
+HEARTBEAT_INTERVAL = 1.0
+LEASE_STALE_AFTER = 5.0
+
 #: Encoded envelopes larger than this are refused before any lock is taken.
 DEFAULT_MAX_ENVELOPE = 1 << 20
 
@@ -118,6 +123,19 @@ class Store(ABC):
     @abstractmethod
     def watch_inbox(self, name: str) -> None:
         """Start reporting writes to `name`'s inbox (called when a local reader opens)."""
+
+    # -- liveness: is anybody running a member? --
+
+    def member_alive(self, name: str) -> bool | None:
+        """Whether member `name` runs now: True if a live holder has its lease, False if its
+        lease was held once and is not now (or its holder's heartbeat stopped for
+        `LEASE_STALE_AFTER` seconds), None if the store cannot tell or the member never ran
+        (a member nobody runs, such as a human answering with `teamrt send`)."""
+        return None
+
+    def heartbeat(self) -> None:  # noqa: B027 -- optional for stores without heartbeats
+        """Refresh the heartbeat of every lease this store object holds (the mailboxes call
+        this every `HEARTBEAT_INTERVAL` seconds)."""
 
     # -- leases: one live consumer per member; re-entrant within this store object --
 

@@ -30,6 +30,7 @@ from teamrt.agents.state import AgentState
 from teamrt.envelopes import Envelope, Request, new_id
 from teamrt.errors import Deadlock, TeammateGone, UsageError
 from teamrt.mail.mailboxes import Mailboxes
+from teamrt.mail.store import Lease
 from teamrt.team.config import MemberStatus, TeamBudget, Teammate
 from teamrt.team.protocol import (
     PLAN_APPROVAL,
@@ -109,6 +110,7 @@ class Team:
         self._task_group: TaskGroup | None = None
         self._serving_lead = False
         self._runners: dict[str, Runner] = {}  # the current incarnation of each member
+        self._carried: dict[str, AgentState | None] = {}  # conversations, without a journal
         self._waits_for: dict[str, list[str]] = {}  # member -> members its requests wait on
         self._stopping = False
 
@@ -321,7 +323,6 @@ class Team:
         status = self.status[teammate.name]
         policy = teammate.restart
         started = False
-        carried: AgentState | None = None  # the conversation, when there is no journal
         attempts: dict[str, int] = {}
 
         def ready() -> None:  # the team starts once each teammate announced itself (or died)
@@ -330,40 +331,63 @@ class Team:
                 task_status.started()
                 started = True
 
-        with anyio.CancelScope() as scope:
-            self._scopes[teammate.name] = scope
-            while True:
-                incarnation = new_id()
-                status.incarnation = incarnation
-                lease = self.mail.store.acquire_lease(
-                    teammate.name, f"pid {os.getpid()}, incarnation {incarnation}"
-                )
-                runner: Runner | None = None
-                try:
-                    runner = Runner(self, teammate, incarnation, status, carried, attempts)
-                    crash = await self._incarnation(runner, ready)
-                    if crash is None:
-                        status.state = "stopped"
+        lease: Lease | None = None  # held from the first incarnation to the last, backoffs
+        # included: a member between two incarnations is restarting, not gone
+        try:
+            with anyio.CancelScope() as scope:
+                self._scopes[teammate.name] = scope
+                while True:
+                    incarnation = new_id()
+                    status.incarnation = incarnation
+                    previous, lease = (
+                        lease,
+                        self.mail.store.acquire_lease(
+                            teammate.name, f"pid {os.getpid()}, incarnation {incarnation}"
+                        ),
+                    )
+                    if previous is not None:
+                        previous.release()
+                    if await self._incarnate(teammate, incarnation, ready, attempts):
                         return
-                    restarting = policy.on_failure and status.restarts < policy.max_restarts
-                    await runner.report_crash(crash, restarting)
-                    status.state = "restarting" if restarting else "crashed"
-                    if not restarting:
-                        ready()
-                        return
-                finally:
-                    if runner is not None:
-                        self._runners.pop(teammate.name, None)
-                        carried = runner.final_state()
-                        await runner.close()
-                    lease.release()
-                if self._stopping:
-                    status.state = "stopped"  # the team is shutting down: no new incarnation
-                    return
-                await anyio.sleep(policy.delay(status.restarts))
-                status.restarts += 1
+                    await anyio.sleep(policy.delay(status.restarts))
+                    status.restarts += 1
+        finally:
+            if lease is not None:
+                lease.release()
         if status.state not in ("stopped", "crashed"):
             status.state = "stopped"
+
+    async def _incarnate(
+        self,
+        teammate: Teammate,
+        incarnation: str,
+        ready: Callable[[], None],
+        attempts: dict[str, int],
+    ) -> bool:
+        """Run one incarnation; True if the member is done (stopped, or crashed for good)."""
+        status, policy = self.status[teammate.name], teammate.restart
+        runner = Runner(
+            self, teammate, incarnation, status, self._carried.get(teammate.name), attempts
+        )
+        try:
+            crash = await self._incarnation(runner, ready)
+            if crash is None:
+                status.state = "stopped"
+                return True
+            restarting = policy.on_failure and status.restarts < policy.max_restarts
+            await runner.report_crash(crash, restarting)
+            status.state = "restarting" if restarting else "crashed"
+            if not restarting:
+                ready()
+                return True
+        finally:
+            self._runners.pop(teammate.name, None)
+            self._carried[teammate.name] = runner.final_state()
+            await runner.close()
+        if self._stopping:
+            status.state = "stopped"  # the team is shutting down: no new incarnation
+            return True
+        return False
 
     async def _incarnation(self, runner: Runner, ready: Callable[[], None]) -> Exception | None:
         """Run one incarnation (its desk's listener beside it); the crash, if it crashed."""

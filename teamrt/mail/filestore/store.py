@@ -38,7 +38,7 @@ from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import FileReader
 from teamrt.mail.filestore.watch import dispatch_forever
 from teamrt.mail.log import DEFAULT_MAX_LINE, Cursor
-from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Store
+from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, LEASE_STALE_AFTER, Durability, Store
 from teamrt.names import validate_name
 
 ROSTER_FORMAT = 1
@@ -413,6 +413,35 @@ class FileStore(Store):
         assert isinstance(token, int)
         os.ftruncate(token, 0)
         os.close(token)  # closing drops the flock; the file stays
+
+    def member_alive(self, name: str) -> bool | None:
+        """See `Store.member_alive`: the lease file's flock says whether a process holds it,
+        its modification time is the holder's heartbeat, and a missing file means the member
+        never ran here."""
+        if self.lease_held(name):
+            return True
+        try:
+            fd = os.open(self.agents / f"{validate_name(name)}.lease", O_READ)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                beat = os.fstat(fd).st_mtime
+                return time.time() - beat < LEASE_STALE_AFTER
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
+
+    def heartbeat(self) -> None:
+        for record in list(self._lease_table().values()):
+            if isinstance(record.token, int):
+                with contextlib.suppress(OSError):  # a heartbeat must never fail a process
+                    os.utime(record.token)
 
     async def close(self) -> None:
         for appender in self._appenders.values():
