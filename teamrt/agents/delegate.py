@@ -13,8 +13,8 @@ from typing import Any
 
 from teamrt.agents.limits import Limits
 from teamrt.agents.loop import Agent, SharedBudget
-from teamrt.agents.tools import Tool, tool
-from teamrt.models.base import Model
+from teamrt.agents.tools import Tool, current_call_id, tool
+from teamrt.models.base import Model, Usage
 
 DEFAULT_INSTRUCTIONS = (
     "You are a sub-agent given one self-contained task. Work on it with your tools, then answer "
@@ -32,11 +32,16 @@ def delegate_tool(
     prices: dict[str, tuple[float, float]] | None = None,
     owner: str = "agent",
     name: str = "delegate",
+    on_spend: Callable[[Usage, float | None], None] | None = None,
 ) -> Tool:
     """A tool that runs `task` in a fresh sub-agent and returns only its conclusion.
 
     `model` may be a factory (called once per delegation). The sub-agent's spend is charged to
-    `budget` (a team's budget, say), so delegation cannot escape the caller's limits.
+    `budget` (a team's budget, say) and reported to `on_spend` (the caller's own limits, see
+    `Agent.absorb`), so delegation cannot escape either. A delegation re-run after a crash runs
+    its sub-agent from the start; the sub-agent's tools see call ids derived from the
+    delegate call's id and their position, the same as the first time when the sub-agent
+    takes the same steps.
     """
     count = 0
 
@@ -53,8 +58,11 @@ def delegate_tool(
             limits=limits,
             budget=budget,
             prices=prices,
+            call_id_prefix=current_call_id() or f"{owner}.sub{count}",
         )
         report = await sub.run(task)
+        if on_spend is not None:
+            on_spend(report.usage, report.cost)
         return {
             "conclusion": report.answer if report.answer is not None else report.partial,
             "stop_reason": report.stop.reason,

@@ -96,6 +96,13 @@ def _replace_file(path: Path, data: bytes) -> None:
         raise StoreError(exc.errno or 0, f"write {path}: {exc.strerror}") from None
 
 
+def _truncate(path: Path, length: int) -> None:
+    try:
+        os.truncate(path, length)
+    except OSError as exc:
+        raise StoreError(exc.errno or 0, f"repair {path}: {exc.strerror}") from None
+
+
 def _prepare(path: Path) -> Path:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
@@ -116,9 +123,14 @@ class Journal:
         _prepare(self.path)
         _replace_file(self.path, _encode({"t": "start", "state": state.model_dump(mode="json")}))
 
-    def replace(self, messages: list[ChatMessage]) -> None:
+    def replace(self, messages: list[ChatMessage], task_index: int | None = None) -> None:
         _append_line(
-            self.path, {"t": "replace", "messages": [m.model_dump(mode="json") for m in messages]}
+            self.path,
+            {
+                "t": "replace",
+                "messages": [m.model_dump(mode="json") for m in messages],
+                "task_index": task_index,
+            },
         )
 
     def call(
@@ -194,6 +206,10 @@ class Journal:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return None
+        end = raw.rfind(b"\n") + 1
+        if end < len(raw):  # a line cut short by a crash: cut it off, so that the next
+            _truncate(self.path, end)  # record starts a line of its own
+            raw = raw[:end]
         state: AgentState | None = None
         for line in raw.split(b"\n"):
             try:
@@ -213,6 +229,8 @@ class Journal:
 def _apply(state: AgentState, kind: str, record: dict[str, Any]) -> None:
     if kind == "replace":
         state.messages = _MESSAGES.validate_python(record["messages"])
+        if "task_index" in record:
+            state.task_index = record["task_index"]
     elif kind == "call":
         state.messages.extend(_MESSAGES.validate_python(record["inject"]))
         state.remember_handled(record["handled"])

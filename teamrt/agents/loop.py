@@ -157,6 +157,7 @@ class _StepWork:
     """What one step's tool calls produced, in call order."""
 
     results: dict[str, ChatMessage] = field(default_factory=dict)
+    reply_calls: tuple[ToolCall, ...] = ()
     appended: list[ChatMessage] = field(default_factory=list)  # after the results
     calls: list[str] = field(default_factory=list)  # signatures counted for repeats
     digests: list[str] = field(default_factory=list)
@@ -176,6 +177,9 @@ class Agent:
     `transcript`: a path that receives every model call and reply. `directory`: both, as
     `<directory>/<name>.state.jsonl` and `<directory>/<name>.transcript.jsonl`.
     `max_parallel_tools`: tool calls of one reply that may run at the same time.
+    `call_id_prefix`: tools see `current_call_id()` as `<prefix>:<step>.<n>` (the n-th call of
+    that step) instead of the model's id, so a run repeated from the start (a sub-agent whose
+    delegate call is re-run after a crash) gives each call the same key as the first time.
     """
 
     def __init__(
@@ -197,6 +201,7 @@ class Agent:
         budget: SharedBudget | None = None,
         keep_context: bool = False,
         max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS,
+        call_id_prefix: str | None = None,
     ) -> None:
         self.name = name
         if inbound is None and on_step is not None:
@@ -210,6 +215,7 @@ class Agent:
         self.memory = memory or Memory()
         self.prices = {**PRICES, **(prices or {})}
         self.keep_context = keep_context
+        self.call_id_prefix = call_id_prefix
         if max_parallel_tools < 1:
             raise UsageError("max_parallel_tools must be at least 1")
         self._parallel = anyio.CapacityLimiter(max_parallel_tools)
@@ -297,13 +303,15 @@ class Agent:
             messages = _closed(previous)
             pinned, tasks = previous.pinned, previous.tasks + 1
             tokens = previous.context_tokens + context_tokens(messages[len(previous.messages) :])
+            messages, pinned, tokens = self._instructed(messages, pinned, tokens)
         index = None
         if task:
             index = len(messages)
             messages.append(ChatMessage.user(task))
             tokens += message_tokens(messages[-1])
-            if previous is None:
-                pinned = len(messages)  # a one-task conversation pins its task
+            if previous is None and not self.keep_context:
+                pinned = len(messages)  # a one-task conversation pins its task (a kept
+                # conversation protects only the current task: older ones may be summarised)
         return AgentState(
             agent=self.name,
             task=task,
@@ -315,6 +323,25 @@ class Agent:
             handled=handled[-HANDLED_MEMORY:],
             context_tokens=tokens,
         )
+
+    def _instructed(
+        self, messages: list[ChatMessage], pinned: int, tokens: int
+    ) -> tuple[list[ChatMessage], int, int]:
+        """A kept conversation under the agent's current instructions (they may have changed
+        since it was journaled: a teammate restarted with new configuration)."""
+        has_system = bool(messages) and messages[0].role == "system"
+        current = messages[0].content if has_system else None
+        wanted = self.instructions or None
+        if current == wanted:
+            return messages, pinned, tokens
+        if has_system:
+            tokens -= message_tokens(messages[0])
+            messages, pinned = messages[1:], max(0, pinned - 1)
+        if wanted is not None:
+            system = ChatMessage.system(wanted)
+            messages, pinned = [system, *messages], pinned + 1
+            tokens += message_tokens(system)
+        return messages, pinned, tokens
 
     # -- the loop --
 
@@ -402,8 +429,20 @@ class Agent:
         if compacted.usage.requests and self.memory.summariser is not None:
             self._charge(state, compacted.usage, self.memory.summariser.name)
         if self.journal is not None:
-            self.journal.replace(state.messages)
+            self.journal.replace(state.messages, state.task_index)
         return True
+
+    def absorb(self, usage: Usage, cost: float | None) -> None:
+        """Count spend made on this agent's behalf (a sub-agent's) against its own limits
+        (not against a shared budget: whoever spent it charged that already)."""
+        state = self.state
+        if state is None:
+            return
+        state.usage = state.usage + usage
+        if cost is None:
+            state.cost_known = state.cost_known and usage.total_tokens == 0
+        else:
+            state.cost += cost
 
     def _charge(self, state: AgentState, usage: Usage, model: str) -> None:
         state.usage = state.usage + usage
@@ -484,7 +523,7 @@ class Agent:
         """Act on a recorded reply: run its tool calls (those without a result yet), then
         close the step in the state and the journal."""
         reply = step.reply
-        work = _StepWork(results=dict(step.results))
+        work = _StepWork(results=dict(step.results), reply_calls=reply.tool_calls)
         decision = decide(
             ModelReply(
                 text=reply.content, tool_calls=reply.tool_calls, finish_reason=step.finish_reason
@@ -632,9 +671,24 @@ class Agent:
     async def _run_one(self, state: AgentState, call: ToolCall, work: _StepWork) -> None:
         found = self.toolbox.get(call.name)
         waits = found is not None and found.waits
+        keyed = call
+        if self.call_id_prefix is not None:
+            position = next(i for i, c in enumerate(work.reply_calls) if c.id == call.id)
+            keyed = call.model_copy(
+                update={"id": f"{self.call_id_prefix}:{state.steps}.{position}"}
+            )
         async with self._parallel:
             started = self.clock()
-            result: ToolResult = await self.toolbox.run(call)
+            if waits and self.limits.max_idle is not None:  # the idle limit bounds each wait
+                result: ToolResult | None = None
+                with anyio.move_on_after(max(0.0, self.limits.max_idle - state.idle)):
+                    result = await self.toolbox.run(keyed)
+                if result is None:
+                    result = ToolResult(
+                        json.dumps({"nothing_arrived": "stopped waiting: the idle limit"}), True
+                    )
+            else:
+                result = await self.toolbox.run(keyed)
             if waits:
                 state.idle += self.clock() - started
         self._record(work, call, ChatMessage.tool_result(call, result.content))

@@ -55,7 +55,33 @@ class Memory:
             out = list(compacted.messages)
             out.insert(min(pinned + 1, len(out)), keep)
             compacted = Compacted(out, compacted.usage)
+        if self.over_budget(context_tokens(compacted.messages)):
+            trimmed = self._shorten_big_read(compacted.messages, pinned, keep)
+            compacted = Compacted(trimmed, compacted.usage)
         return compacted
+
+    def _shorten_big_read(
+        self, messages: list[ChatMessage], pinned: int, keep: ChatMessage | None
+    ) -> list[ChatMessage]:
+        """The last resort, when summarising was not enough: a message big enough to hold the
+        context over budget by itself is cut, recent or not (never the pinned head or the
+        current task): to a share of the budget once the model has read it (an assistant turn
+        came after it), to half the budget if it has not (it could never be shown whole)."""
+        budget_chars = self.max_context_tokens * 4
+        read_share = max(self.used_result_chars, budget_chars // (2 * self.keep_recent))
+        last_assistant = max(
+            (i for i, m in enumerate(messages) if m.role == "assistant"), default=-1
+        )
+        out = list(messages)
+        for i in range(pinned, len(out)):
+            m = out[i]
+            share = read_share if i < last_assistant else budget_chars // 2
+            if m is keep or m.role not in ("user", "tool") or len(m.content or "") <= share:
+                continue
+            text = m.content or ""
+            note = f"... [shortened to fit the context budget: {len(text)} characters]"
+            out[i] = m.model_copy(update={"content": text[:share] + note})
+        return out
 
     def _shorten_used_results(self, messages: list[ChatMessage], pinned: int) -> list[ChatMessage]:
         limit = self.used_result_chars
@@ -72,7 +98,7 @@ class Memory:
         return out
 
     async def _summarise_older(self, messages: list[ChatMessage], pinned: int) -> Compacted:
-        cut = len(messages) - self.keep_recent
+        cut = max(pinned, len(messages) - self.keep_recent)
         while cut < len(messages) and messages[cut].role == "tool":
             cut += 1  # keep each tool result with the call it answers
         if cut <= pinned:

@@ -13,18 +13,28 @@ journal holds the step that showed it, and there is no `reply` tool (requests ar
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import anyio
 
-from teamrt.agents.tools import Tool, tool
+from teamrt.agents.tools import Tool, current_call_id, tool
 from teamrt.envelopes import Envelope, Request
 from teamrt.errors import ReceiveTimeout, UsageError
 from teamrt.mail.mailboxes import Mailboxes
 
 MAX_BATCH = 20  # envelopes handed to the model per wait
+_WAIT_MAX_OUTPUT = 40_000  # characters of a wait's result (mail is what the tool is for)
+_RESULT_BUDGET = _WAIT_MAX_OUTPUT - 4_000  # mail per result; what does not fit waits, unacked
+
+
+def _request_id(me: str, call_id: str) -> str:
+    """The id of the request a tool call sends: derived from the call's id, so the same call
+    always sends the same request (30 hex digits, like any envelope id)."""
+    return hashlib.blake2b(f"{me}\0{call_id}".encode(), digest_size=15).hexdigest()
 
 
 def _view(envelope: Envelope) -> dict[str, Any]:
@@ -44,6 +54,13 @@ class LetterSource(Protocol):
     """Where `wait_for_messages` gets mail when something else owns the inbox (a team's desk)."""
 
     async def wait_for_letters(self, timeout: float, limit: int) -> list[Envelope]: ...
+
+    def give_back(self, envelopes: list[Envelope]) -> None:
+        """Envelopes taken but not shown after all: they come first next time, unacked."""
+
+    def waiting(self) -> int:
+        """How many more are waiting to be shown."""
+        ...
 
 
 def messaging_tools(
@@ -69,14 +86,32 @@ def messaging_tools(
         await mail.send(envelope)
         return f"sent message {envelope.id} to {to}"
 
-    @tool(name="wait_for_messages", waits=True)
+    @tool(name="wait_for_messages", waits=True, max_output=_WAIT_MAX_OUTPUT)
     async def wait_on_desk(timeout: float = default_timeout) -> dict[str, Any]:
         """Wait up to `timeout` seconds for messages in your inbox and return them."""
         assert desk is not None
         got = await desk.wait_for_letters(max(0.0, timeout), MAX_BATCH)
         if not got:
             return {"nothing_arrived": f"no message arrived within {timeout:g}s"}
-        return {"messages": [_view(e) for e in got]}
+        views: list[dict[str, Any]] = []
+        size = 0
+        for i, envelope in enumerate(got):  # what the model is shown whole, nothing cut
+            view = _view(envelope)
+            length = len(json.dumps(view, default=str))
+            if views and size + length > _RESULT_BUDGET:
+                desk.give_back(got[i:])
+                break
+            if length > _RESULT_BUDGET:  # one letter alone over the budget: say it was cut
+                text = json.dumps(view["body"], default=str)
+                view["body"] = text[: _RESULT_BUDGET // 2]
+                view["cut"] = f"the body has {len(text)} characters; only the first are shown"
+                length = len(json.dumps(view, default=str))
+            views.append(view)
+            size += length
+        result: dict[str, Any] = {"messages": views}
+        if waiting := desk.waiting():
+            result["more_waiting"] = waiting
+        return result
 
     @tool(waits=True)
     async def wait_for_messages(timeout: float = default_timeout) -> dict[str, Any]:
@@ -101,8 +136,13 @@ def messaging_tools(
     async def request(to: str, text: str, timeout: float = default_timeout) -> dict[str, Any]:
         """Ask a teammate something and wait up to `timeout` seconds for the answer."""
         member = resolve(to)
+        envelope = Envelope.request(me, member, text, timeout=timeout)
+        call_id = current_call_id()
+        if call_id is not None:  # a call re-run after a crash re-sends the same request, which
+            # the callee recognises by its id instead of doing the work twice
+            envelope = envelope.model_copy(update={"id": _request_id(me, call_id)})
         with waiting(me, member) if waiting is not None else contextlib.nullcontext():
-            response = await mail.request(Envelope.request(me, member, text, timeout=timeout))
+            response = await mail.request(envelope)
         return {"from": response.sender, "answer": response.body}
 
     @tool

@@ -115,7 +115,7 @@ class Tool:
             elif self.process:
                 target = (self.fn.__module__, self.fn.__qualname__)
                 result = await anyio.to_process.run_sync(
-                    _run_in_process, target, kwargs, cancellable=True
+                    _run_in_process, target, kwargs, _current_call.get(), cancellable=True
                 )
             elif self.thread:
                 result = await anyio.to_thread.run_sync(
@@ -220,14 +220,21 @@ def tool(
     return make(fn) if fn is not None else make
 
 
-def _run_in_process(target: tuple[str, str], kwargs: dict[str, Any]) -> Any:
-    """In a worker process: find a `process=True` tool's function by name and call it."""
+def _run_in_process(
+    target: tuple[str, str], kwargs: dict[str, Any], call: ToolCall | None = None
+) -> Any:
+    """In a worker process: find a `process=True` tool's function by name and call it, with
+    the call's id as `current_call_id()`."""
     module, qualname = target
     found: Any = importlib.import_module(module)
     for part in qualname.split("."):
         found = getattr(found, part)
     fn = found.fn if isinstance(found, Tool) else found
-    return fn(**kwargs)
+    token = _current_call.set(call)
+    try:
+        return fn(**kwargs)
+    finally:
+        _current_call.reset(token)
 
 
 class Toolbox:

@@ -33,6 +33,7 @@ from teamrt.mail.mailboxes import Inbox, Mailboxes
 from teamrt.team.protocol import (
     BUSY,
     EXPIRED,
+    LATE_PROTOCOL,
     STALE_SHUTDOWN,
     ShutdownBody,
     is_shutdown,
@@ -42,7 +43,7 @@ from teamrt.team.protocol import (
 #: Envelopes read between two yields to the event loop.
 _YIELD_EVERY = 256
 #: Conversation mail held in memory at most; the rest waits in the log.
-DEFAULT_MAX_BUFFERED = 1000
+DEFAULT_MAX_BUFFERED = 10_000
 
 
 class Desk:
@@ -78,6 +79,9 @@ class Desk:
         self._space = anyio.Event()  # the mail buffer has room again
         self._on_queue = on_queue
         self.refused = 0  # tasks answered Busy or Expired
+        # tasks found in the inbox at start were accepted before (by an earlier incarnation) or
+        # waited for one: the queue's bound applies from the moment the runner is ready
+        self.bounded = False
 
     # -- reading --
 
@@ -147,12 +151,16 @@ class Desk:
             await self._take_shutdown(envelope)
         elif is_task(envelope):
             await self._take_task(envelope)
+        elif envelope.type in LATE_PROTOCOL:  # its requester stopped waiting: nobody's mail
+            self.inbox.ack_nowait(envelope)
         else:
             self._held[envelope.id] = envelope
             self.letters.append(envelope)
         self._sorted()
 
     async def _take_shutdown(self, request: Request) -> None:
+        if await self.refuse_if_expired(request):  # left over from an earlier shutdown
+            return
         self.inbox.ack_nowait(request)
         body = ShutdownBody.model_validate(request.body)
         if body.incarnation in (None, self.incarnation):
@@ -169,7 +177,7 @@ class Desk:
     async def _take_task(self, request: Request) -> None:
         if await self.refuse_if_expired(request):
             return
-        if len(self.tasks) >= self.max_queue:
+        if self.bounded and len(self.tasks) >= self.max_queue:
             self.inbox.ack_nowait(request)
             self.refused += 1
             await self.mail.send(
@@ -217,6 +225,15 @@ class Desk:
         if batch and not self.full:
             self._space.set()
         return batch
+
+    def give_back(self, envelopes: list[Envelope]) -> None:
+        """Taken by `show` but not shown after all: first in line again, still unacked."""
+        taken = {e.id for e in envelopes}
+        self._shown = [e for e in self._shown if e.id not in taken]
+        self.letters.extendleft(reversed(envelopes))
+
+    def waiting(self) -> int:
+        return len(self.letters)
 
     def handled(self) -> list[str]:
         return [e.id for e in self._shown]

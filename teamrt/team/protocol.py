@@ -26,6 +26,9 @@ PLAN_DECISION = "plan_decision"
 PROTOCOL_TYPES = (SHUTDOWN,)  # delivered before anything else at a step boundary
 #: Requests that are not tasks: the runner answers them itself (or, for plans, the lead).
 CONTROL_TYPES = frozenset({SHUTDOWN, PLAN_APPROVAL})
+#: Protocol answers that reach a teammate's desk only when their requester stopped waiting
+#: (a plan decision after a restart): acked and dropped, never shown to the model.
+LATE_PROTOCOL = frozenset({PLAN_DECISION, SHUTDOWN_ACK})
 
 # error types of error responses
 EXPIRED = "Expired"

@@ -27,7 +27,7 @@ from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool, tool
 from teamrt.envelopes import Envelope, Request, new_id
 from teamrt.errors import StopRequested
-from teamrt.models.base import ChatMessage
+from teamrt.models.base import ChatMessage, Model, Usage
 from teamrt.team.config import MemberStatus, Teammate
 from teamrt.team.desk import Desk
 from teamrt.team.protocol import (
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from teamrt.team.team import Team
 
 ROUND = "round:"  # task ids of rounds of mail start with this
+PLAN_VERDICT = "plan "  # submit_plan's result starts "plan approved" or "plan rejected"
 
 
 class Runner:
@@ -87,6 +88,7 @@ class Runner:
         self.scope: anyio.CancelScope | None = None  # set by the team: cancels this incarnation
         self.cancelled: str | None = None  # why the team cancelled it, if it did
         self.current: Request | None = None
+        self._round_id: str | None = None  # the round of mail in progress, if any
         self._approved = False
         self._last: TaskResult | None = None
 
@@ -104,16 +106,19 @@ class Runner:
         if interrupted is not None and not interrupted.startswith(ROUND):
             self._to_front(interrupted)
         await self._announce()
+        self.desk.bounded = True
         ready()
         resume_round = interrupted is not None and interrupted.startswith(ROUND)
         while self.desk.shutdown is None:
-            if self.desk.tasks:
+            if resume_round:  # what was interrupted comes first, before any queued task
+                await self._round(resume=True)
+                resume_round = False
+            elif self.desk.tasks:
                 task = self.desk.tasks.popleft()
                 self.status.queued = len(self.desk.tasks)
                 await self._work(task)
-            elif resume_round or self.desk.wakes() or self.desk.full:
-                await self._round(resume=resume_round)
-                resume_round = False
+            elif self.desk.wakes() or self.desk.full:
+                await self._round(resume=False)
             elif self.status.state != "idle":
                 await self._announce()  # then look again: mail may have come meanwhile
             else:
@@ -151,8 +156,9 @@ class Runner:
             report = agent.report()  # finished before a crash, unanswered: answer it now
             assert report is not None
         else:
-            if state is None or state.task_id != request.id:
-                self._approved = False  # a new task needs its own plan
+            resuming = state is not None and state.task_id == request.id
+            # a new task needs its own plan; a resumed one keeps what its conversation says
+            self._approved = resuming and state is not None and _plan_approved(state)
             report = await agent.run(text, task_id=request.id, resume=True)
         if report.stop.reason == "shutdown":
             return  # interrupted: it stays unacked, and the next incarnation resumes it
@@ -170,11 +176,15 @@ class Runner:
         self.status.last = "reading mail"
         agent = self._agent()
         state = agent.state
+        self._approved = False  # mail is not a task: no plan carries into it
         if resume and state is not None and state.task_id is not None:
+            self._round_id = state.task_id
             report = await agent.run("", task_id=state.task_id, resume=True)
         else:
-            report = await agent.run("", task_id=ROUND + new_id())
+            self._round_id = ROUND + new_id()
+            report = await agent.run("", task_id=self._round_id)
         if report.stop.reason != "shutdown":
+            self._round_id = None
             self._last = _result(report)
             self.status.rounds += 1
 
@@ -213,8 +223,11 @@ class Runner:
             return self.agent
         teammate = self.teammate
         model = teammate.make_model()
+        own: list[Tool | Callable[..., Any]] = list(teammate.tools)
+        if teammate.needs_approval:
+            own = self._gated(own)  # for the teammate and for any sub-agent it delegates to
         tools: list[Tool | Callable[..., Any]] = [
-            *teammate.tools,
+            *own,
             *messaging_tools(
                 self.mail,
                 self.name,
@@ -227,15 +240,16 @@ class Runner:
             tools.append(
                 delegate_tool(
                     teammate.make_model,
-                    tools=teammate.tools,
+                    tools=own,
                     limits=teammate.limits,
                     budget=self.team.budget,
                     prices={**self.team.prices, **(teammate.prices or {})},
                     owner=self.name,
+                    on_spend=self._absorb,
                 )
             )
         if teammate.needs_approval:
-            tools = self._gated(tools)
+            tools.append(tool(name="submit_plan", sequential=True)(self._submit_plan))
         self.agent = Agent(
             self.name,
             model,
@@ -255,6 +269,11 @@ class Runner:
         self.agent.restore(self.state)
         return self.agent
 
+    def _absorb(self, usage: Usage, cost: float | None) -> None:
+        """A sub-agent's spend counts against this teammate's own limits too."""
+        if self.agent is not None:
+            self.agent.absorb(usage, cost)
+
     def _gated(self, tools: list[Tool | Callable[..., Any]]) -> list[Tool | Callable[..., Any]]:
         """Block the side-effecting tools until the lead approves a plan for this task."""
         gated = set(self.teammate.needs_approval)
@@ -267,29 +286,28 @@ class Runner:
 
             return dataclasses.replace(inner, gate=refusal)
 
-        async def submit_plan(plan: str) -> str:
-            """Send your plan to the lead for approval; side-effecting tools wait for it."""
-            task = self.current.id if self.current is not None else ""
-            decision = await self.mail.request(
-                Envelope.request(
-                    self.name,
-                    self.team.lead,
-                    PlanBody(plan=plan, task=task),
-                    type=PLAN_APPROVAL,
-                    timeout=300,
-                )
-            )
-            body = DecisionBody.model_validate(decision.body)
-            self._approved = body.approved
-            verdict = "approved" if body.approved else "rejected"
-            return f"plan {verdict}" + (f": {body.feedback}" if body.feedback else "")
-
-        out: list[Tool | Callable[..., Any]] = [
+        return [
             guard(t if isinstance(t, Tool) else tool(t)) if _tool_name(t) in gated else t
             for t in tools
         ]
-        out.append(tool(sequential=True)(submit_plan))
-        return out
+
+    async def _submit_plan(self, plan: str) -> str:
+        """Send your plan to the lead for approval; side-effecting tools wait for it."""
+        task = self.current.id if self.current is not None else ""
+        decision = await self.mail.request(
+            Envelope.request(
+                self.name,
+                self.team.lead,
+                PlanBody(plan=plan, task=task),
+                type=PLAN_APPROVAL,
+                timeout=300,
+            )
+        )
+        body = DecisionBody.model_validate(decision.body)
+        self._approved = body.approved
+        return f"{PLAN_VERDICT}{'approved' if body.approved else 'rejected'}" + (
+            f": {body.feedback}" if body.feedback else ""
+        )
 
     # -- the end of an incarnation --
 
@@ -297,10 +315,16 @@ class Runner:
         error = f"{type(exc).__name__}: {exc}"
         self.status.last = f"crashed: {error}"
         with anyio.CancelScope(shield=True):
-            current = self.current
+            current, round_id = self.current, self._round_id
+            given_up = self.cancelled is not None  # a hung task is not resumed
+            if current is None and round_id is not None:  # a round of mail crashed
+                tries = self.attempts[round_id] = self.attempts.get(round_id, 0) + 1
+                if given_up or not restarting or tries >= self.teammate.restart.task_attempts:
+                    self.desk.recorded()  # the mail it was shown is given up on: acked
+                    self._forget(round_id)
+                    error += f" (round of mail given up after {tries} tries)"
             if current is not None:
                 tries = self.attempts[current.id] = self.attempts.get(current.id, 0) + 1
-                given_up = self.cancelled is not None  # a hung task is not resumed
                 if given_up or not restarting or tries >= self.teammate.restart.task_attempts:
                     why = "" if not restarting or given_up else f" (task tried {tries} times)"
                     await self.mail.send(
@@ -348,8 +372,9 @@ class Runner:
     async def close(self) -> None:
         """Hand back what is held, and close the model's client if it has one."""
         self.desk.release()
-        model = self.agent.model if self.agent is not None else None
-        close = getattr(model, "aclose", None)
+        own = self.agent is not None and not isinstance(self.teammate.model, Model)
+        model = self.agent.model if own and self.agent is not None else None  # a factory's
+        close = getattr(model, "aclose", None)  # a shared model instance is its owner's to close
         if close is not None:
             with anyio.CancelScope(shield=True):
                 await close()
@@ -372,6 +397,19 @@ def _render(batch: list[Envelope], waiting: int, more_unread: bool) -> str:
             "steps, or call wait_for_messages)"
         )
     return "\n".join(lines)
+
+
+def _plan_approved(state: AgentState) -> bool:
+    """Whether the current task's conversation holds an approved plan (the last verdict)."""
+    start = state.task_index if state.task_index is not None else len(state.messages)
+    messages = list(state.messages[start:])
+    if state.open_step is not None:
+        messages.extend(state.open_step.results.values())
+    approved = False
+    for message in messages:
+        if message.role == "tool" and message.name == "submit_plan":
+            approved = (message.content or "").startswith(f"{PLAN_VERDICT}approved")
+    return approved
 
 
 def _tool_name(item: Tool | Callable[..., Any]) -> str:

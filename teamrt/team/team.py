@@ -170,8 +170,8 @@ class Team:
         """
         member = self.pick(member)
         status = self.status.get(member)
-        if status is not None and status.state == "crashed":
-            raise TeammateGone(f"{member!r} crashed and is not running: {status.last}")
+        if status is not None and status.state in ("crashed", "stopped"):
+            raise TeammateGone(f"{member!r} {status.state} and is not running: {status.last}")
         self._serve_lead()
         request = Envelope.request(self.lead, member, text, type=TASK, timeout=timeout)
         self._in_flight[member] = self._in_flight.get(member, 0) + 1
