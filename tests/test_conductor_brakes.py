@@ -8,6 +8,7 @@ keeps waiting. Checks and `teamrt send` run as real processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import sys
@@ -678,3 +679,28 @@ async def test_an_integration_check_that_cannot_run_is_escalated_not_a_conflict(
             assert not any(d.action == "conflict" for d in state.decisions)
         else:
             assert decision.evidence is not None and decision.evidence.exit_code == 1
+
+
+async def test_a_hung_replica_of_a_pool_is_cancelled_and_another_replica_takes_over(
+    tmp_path: Path,
+) -> None:
+    pool = dataclasses.replace(worker("builder", tmp_path, hang={"a"}), replicas=2)
+    subtask = Subtask(id="a", description="make a", check=exists("a"), role="builder")
+    async with MemoryMailboxes() as mail, Team(mail, [pool]) as team:
+        state = await Conductor(
+            team,
+            "make a",
+            plan=Plan(subtasks=(subtask,), acceptance_check=exists("a")),
+            workdir=tmp_path,
+            policy=POLICY,
+            subtask_timeout=0.5,
+        ).run()
+        await until(lambda: team.status["builder-1"].restarts == 1, "builder-1 restarted")
+    assert state.outcome == "accepted"
+    assert [d.detail for d in state.decisions if d.action == "assign"] == [
+        "to builder-1, round 1",
+        "to builder-2, round 2",
+    ]
+    assert [d.detail.split(":")[0] for d in state.decisions if d.action == "cancel"] == [
+        "builder-1"
+    ]

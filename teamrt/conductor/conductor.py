@@ -550,13 +550,15 @@ class Conductor:
     def _worker_for(
         self, subtask: Subtask, *, avoid: str | None = None, prefer: str | None = None
     ) -> str | None:
-        """A free worker, not `avoid` if there is another, `prefer` if it is free; None when
-        none is running."""
+        """A free worker (a replica of the subtask's role, if it names a pool), not `avoid` if
+        there is another, `prefer` if it is free; None when none is running."""
         if subtask.role is not None:
-            return subtask.role
+            candidates: Sequence[str] = self.team.pools.get(subtask.role, (subtask.role,))
+        else:
+            candidates = self.workers
         live = [
             w
-            for w in self.workers
+            for w in candidates
             if w not in self.team.status or self.team.status[w].state not in ("crashed", "stopped")
         ]
         if not live:
