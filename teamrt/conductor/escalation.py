@@ -8,8 +8,9 @@ is a request from it to the human, answered by a response to that request:
 An answer that is not `retry`, `done` or `abort`, an answer from anyone but the human, or one to
 no open escalation is refused with an `error` envelope to its sender (an error response when it
 came as a request) and reported to the conductor; the escalation stays open and the run keeps
-waiting on it. This module only carries questions and answers: what an answer means for the run,
-and what is said on the terminal, is the conductor's.
+waiting on it. This module carries questions and answers and words them (`question` for the
+human's inbox, `announcement` for the terminal and the log); what an answer means for the run,
+and when anything is said, is the conductor's.
 """
 
 from __future__ import annotations
