@@ -210,6 +210,12 @@ async def test_an_html_page_is_a_clean_error(server: FakeOpenAI, model: MakeMode
     assert report.stop.reason == "model_error" and "text/html" in report.stop.detail
 
 
+async def test_a_404_suggests_checking_the_base_url(server: FakeOpenAI, model: MakeModel) -> None:
+    server.then_raw(b"<html>Not Found</html>", content_type="text/html", status=404)
+    with pytest.raises(ModelError, match=r"HTTP 404: <html>Not Found</html> \(is the base URL"):
+        await model().complete(HI, [])
+
+
 async def test_a_body_that_is_not_json_is_a_clean_error(
     server: FakeOpenAI, model: MakeModel
 ) -> None:
@@ -263,6 +269,16 @@ async def test_timeout(server: FakeOpenAI, model: MakeModel) -> None:
     with pytest.raises(ModelTimeout, match=r"no answer within 0.2s \(2 attempts\)") as info:
         await m.complete(HI, [])
     assert info.value.attempts == 2
+
+
+async def test_a_timeout_after_429s_says_they_were_behind_it(
+    server: FakeOpenAI, model: MakeModel
+) -> None:
+    server.then(error_body("slow down", "rate_limit"), status=429)
+    server.then(chat_reply("late"), delay=1.0)
+    with pytest.raises(ModelTimeout, match=r"\(2 attempts, 1 rate limited\)") as info:
+        await model(timeout=0.2, max_retries=1).complete(HI, [])
+    assert (info.value.attempts, info.value.rate_limited) == (2, 1)
 
 
 def test_the_default_timeout_is_tens_of_seconds() -> None:

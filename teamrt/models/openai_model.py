@@ -98,7 +98,7 @@ class _Tally:
     rate_limited: int = 0
 
     def __str__(self) -> str:
-        limited = f", {self.rate_limited} rate limited (HTTP 429)" if self.rate_limited else ""
+        limited = f", {self.rate_limited} rate limited" if self.rate_limited else ""
         return f"{self.attempts} attempts{limited}"
 
 
@@ -301,6 +301,8 @@ class OpenAIModel:
             message = f"{type(exc).__name__}: {str(exc) or 'no detail'}"
         else:
             message = f"HTTP {status}: {_status_detail(exc)}"
+            if status == 404:
+                message += " (is the base URL an OpenAI-compatible API? It usually ends in /v1)"
         return ModelError(
             f"{self._where}: {message} ({tally})",
             status=status,
