@@ -437,12 +437,12 @@ class Conductor:
             f"`{evidence.command}` exited with {evidence.exit_code}:\n{evidence.tail}",
         )
         state.plan = plan
-        state.statuses = {
-            s.id: (
-                "done" if old.get(s.id) == s and state.statuses.get(s.id) == "done" else "pending"
-            )
-            for s in plan.subtasks
-        }
+        statuses: dict[str, str] = {}
+        for s in plan.subtasks:  # unchanged done work stands; changed work starts again
+            before = state.statuses.get(s.id, "pending")
+            kept = before == "pending" or (before == "done" and old.get(s.id) == s)
+            statuses[s.id] = before if kept else advance(before, "reset")
+        state.statuses = statuses
         state.decide(
             "conductor", "replan", detail=f"replan {state.replans}: {len(plan.subtasks)} subtasks"
         )
