@@ -68,6 +68,18 @@ class _Answer:
 
 
 class Conductor:
+    """Runs `goal` to an outcome with `team`'s teammates as workers (see the module docstring).
+
+    - `round_cap`: rounds of a subtask before a human is asked; `subtask_timeout`: seconds a
+      worker has to answer before it counts as hung (cancelled, the subtask goes elsewhere).
+    - `budget`: the conductor's own `Budget`; `step_cap`: its own rounds, in all.
+    - `bounce_cap`: handoffs of a subtask between workers, and `exchange_cap`: rounds of mail
+      among the workers, with no new check result, before the brake.
+    - `name`: the conductor's member name (its inbox takes the human's answers); `human`: who
+      escalations go to; `escalation_timeout`: how long it waits for an answer before aborting.
+    - `on_decision`: called with every decision as it is saved (e.g. to print progress).
+    """
+
     def __init__(
         self,
         team: Team,
@@ -96,9 +108,15 @@ class Conductor:
             raise UsageError("a conductor needs a plan or a planner model")
         if name in team.teammates or name in (team.lead, human):
             raise UsageError(f"the conductor's name {name!r} is taken: pick another (name=...)")
-        for number in ("parallel", "round_cap", "bounce_cap", "exchange_cap"):
-            if locals()[number] < 1:
-                raise UsageError(f"Conductor {number} must be at least 1")
+        counts = {
+            "parallel": parallel,
+            "round_cap": round_cap,
+            "bounce_cap": bounce_cap,
+            "exchange_cap": exchange_cap,
+        }
+        for number, value in counts.items():
+            if value < 1:
+                raise UsageError(f"Conductor {number} must be at least 1 (got {value})")
         self.team = team
         self.goal = goal
         self.workdir = Path(workdir)
