@@ -34,7 +34,7 @@ from teamrt.conductor import (
 )
 from teamrt.conductor.brakes import fingerprint, transcript_tail
 from teamrt.conductor.state import Decision
-from teamrt.errors import LimitExceeded
+from teamrt.errors import LimitExceeded, UsageError
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ScriptedModel, ToolSpec, call
 from teamrt.models.offline import reply
 from teamrt.team import RestartPolicy, Team, TeamBudget, Teammate
@@ -133,6 +133,19 @@ def test_budget_checks_carry_the_numbers() -> None:
         Budget(max_tokens=100).check(cost=0, tokens=100, worker_steps=0)
     with pytest.raises(LimitExceeded, match=r"conductor_max_worker_steps=3 \(used 4\)"):
         Budget(max_worker_steps=3).check(cost=0, tokens=0, worker_steps=4)
+    with pytest.raises(UsageError, match=r"Budget\.max_cost must not be negative"):
+        Budget(max_cost=-1)
+
+
+async def test_the_conductors_name_and_caps_are_checked(tmp_path: Path) -> None:
+    async with MemoryMailboxes() as mail, Team(mail, [worker("w", tmp_path)]) as team:
+        for name in ("w", "lead", "human"):
+            with pytest.raises(UsageError, match=f"the conductor's name '{name}' is taken"):
+                Conductor(
+                    team, "g", plan=plan(sub("a")), workdir=tmp_path, policy=POLICY, name=name
+                )
+        with pytest.raises(UsageError, match="bounce_cap must be at least 1"):
+            Conductor(team, "g", plan=plan(sub("a")), workdir=tmp_path, policy=POLICY, bounce_cap=0)
 
 
 async def test_a_check_that_cannot_run_is_an_error_not_a_red_check(tmp_path: Path) -> None:
