@@ -13,7 +13,8 @@ import pytest
 
 from teamrt.errors import ModelError
 from teamrt.models import ChatMessage, ModelReply, OpenAIModel, ToolSpec, allow_model_requests
-from teamrt.models.openai_wire import ChatStream, ResponsesStream, parse_chat, parse_responses
+from teamrt.models.openai_stream import ChatStream, ResponsesStream
+from teamrt.models.openai_wire import parse_chat, parse_responses
 from tests.fake_openai import (
     Cut,
     FakeOpenAI,

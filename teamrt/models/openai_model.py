@@ -4,22 +4,19 @@ Chat Completions with tools is the default (the API that vLLM, llama.cpp and Oll
 `api="responses"` uses the Responses API. Base URL, key and model come from the arguments or the
 environment (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL`); a base URL without a key is a
 local server that needs none. The SDK sends and receives; the answer's bytes are decoded by
-`openai_wire` (pure), so any answer is a reply or a `ModelError`, never another exception.
+`openai_wire` and `openai_stream` (pure), so any answer is a reply or a `ModelError`, never
+another exception.
 
-Retries are ours, not the SDK's, so that they are counted and bounded: 429 and 5xx answers,
-timeouts, dropped connections and broken streams are retried with exponential backoff, honouring
-`Retry-After` up to `max_retry_after`; a stream is only retried while nothing of it was passed
+Retries are ours, not the SDK's (which is told to make none), so that they are counted and
+bounded; `openai_retry` decides them. A stream is only retried while nothing of it was passed
 on. Every reply (and every `ModelError` after retries) says how many attempts it took and how
 many were answered 429. SDK and HTTP exceptions are translated here and nowhere else.
 """
 
 from __future__ import annotations
 
-import email.utils
 import json
-import math
 import os
-import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
@@ -27,10 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
-import httpx2
 import openai
 
-from teamrt.errors import MissingAPIKey, ModelError, ModelTimeout, UsageError
+from teamrt.errors import MissingAPIKey, UsageError
 from teamrt.models.base import (
     ChatMessage,
     ModelReply,
@@ -40,12 +36,10 @@ from teamrt.models.base import (
     check_model_requests_allowed,
     message_tokens,
 )
+from teamrt.models.openai_retry import TRANSIENT, Retries, Tally
+from teamrt.models.openai_stream import ChatStream, ResponsesStream, SSEDecoder
 from teamrt.models.openai_wire import (
-    ChatStream,
-    ResponsesStream,
     ResponsesTools,
-    SSEDecoder,
-    StreamFault,
     Unusable,
     chat_body,
     decode_json,
@@ -55,51 +49,6 @@ from teamrt.models.openai_wire import (
 )
 
 Api = Literal["chat", "responses"]
-_RETRYABLE_STATUS = {408, 409, 429}
-_TRANSIENT = (
-    openai.APIConnectionError,  # APITimeoutError too
-    openai.APIStatusError,
-    httpx2.HTTPError,  # raised while a stream's body is read
-    httpx2.StreamError,
-    TimeoutError,  # our own per-attempt limit
-    StreamFault,
-)
-
-
-def _retry_after(exc: BaseException) -> float | None:
-    """Seconds from a Retry-After (or retry-after-ms) header, or None when there is none or it
-    cannot be read (then the backoff applies)."""
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
-    if not headers:
-        return None
-    seconds: float | None = None
-    try:
-        if (ms := headers.get("retry-after-ms")) is not None:
-            seconds = float(ms) / 1000
-        elif (value := headers.get("retry-after")) is not None:
-            try:
-                seconds = float(value)
-            except ValueError:
-                when = email.utils.parsedate_to_datetime(value)
-                seconds = max(0.0, when.timestamp() - time.time())
-    except (ValueError, TypeError, IndexError, OverflowError):
-        return None
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return None
-    return seconds
-
-
-@dataclass
-class _Tally:
-    """Attempts of one call, and how many of them were answered 429."""
-
-    attempts: int = 0
-    rate_limited: int = 0
-
-    def __str__(self) -> str:
-        limited = f", {self.rate_limited} rate limited" if self.rate_limited else ""
-        return f"{self.attempts} attempts{limited}"
 
 
 @dataclass(frozen=True)
@@ -204,7 +153,7 @@ class OpenAIModel:
         check_model_requests_allowed(self.model)
         client = self._get_client()
         call = self._prepare(messages, tools)
-        tally = _Tally()
+        retries, tally = self._retries(), Tally()
         while True:
             tally.attempts += 1
             self.attempts += 1
@@ -212,16 +161,12 @@ class OpenAIModel:
                 with anyio.fail_after(self.timeout):
                     reply = await self._send(client, call)
             except Unusable as exc:
-                raise self._unusable(exc, tally) from None
-            except _TRANSIENT as exc:
-                await self._after_failure(exc, tally)
+                raise retries.unusable(exc, tally) from None
+            except TRANSIENT as exc:
+                await anyio.sleep(retries.next_delay(exc, tally))
                 continue
-            except openai.OpenAIError as exc:
-                raise ModelError(
-                    f"{self._where}: {type(exc).__name__}: {exc} ({tally})",
-                    attempts=tally.attempts,
-                    rate_limited=tally.rate_limited,
-                ) from exc
+            except openai.OpenAIError as exc:  # anything else the SDK refuses: not retried
+                raise retries.error(exc, None, tally) from exc
             return self._finish(reply, messages, tools, tally)
 
     async def _send(self, client: openai.AsyncOpenAI, call: _Call) -> ModelReply:
@@ -245,7 +190,7 @@ class OpenAIModel:
         reply: ModelReply,
         messages: Sequence[ChatMessage],
         tools: Sequence[ToolSpec],
-        tally: _Tally,
+        tally: Tally,
     ) -> ModelReply:
         update: dict[str, Any] = {
             "model": reply.model or self.model,
@@ -256,59 +201,9 @@ class OpenAIModel:
             update["usage"] = estimate_usage(messages, tools, reply)
         return reply.model_copy(update=update)
 
-    @property
-    def _where(self) -> str:
-        return f"{self.model} at {self.base_url or 'the default endpoint'}"
-
-    def _unusable(self, exc: ModelError, tally: _Tally) -> ModelError:
-        return ModelError(
-            f"{self._where}: {exc} ({tally})",
-            status=exc.status or 200,
-            attempts=tally.attempts,
-            rate_limited=tally.rate_limited,
-        )
-
-    async def _after_failure(self, exc: BaseException, tally: _Tally) -> None:
-        """Wait before the next attempt, or raise the `ModelError` that ends the call."""
-        status = exc.status_code if isinstance(exc, openai.APIStatusError) else None
-        if status == 429:
-            tally.rate_limited += 1
-        retryable = status is None or status in _RETRYABLE_STATUS or status >= 500
-        if not retryable or tally.attempts > self.max_retries:
-            raise self._translate(exc, status, tally) from exc
-        delay = _retry_after(exc)
-        if delay is not None and delay > self.max_retry_after:
-            raise ModelError(
-                f"{self._where}: HTTP {status}: the server asks to retry after {delay:g}s, more "
-                f"than max_retry_after={self.max_retry_after:g}s ({tally})",
-                status=status,
-                attempts=tally.attempts,
-                rate_limited=tally.rate_limited,
-            ) from exc
-        if delay is None:
-            delay = self.backoff * 2 ** (tally.attempts - 1) * (0.5 + random.random())
-            delay = min(delay, self.max_retry_after)
-        await anyio.sleep(delay)
-
-    def _translate(self, exc: BaseException, status: int | None, tally: _Tally) -> ModelError:
-        attempts, limited = tally.attempts, tally.rate_limited
-        if isinstance(exc, openai.APITimeoutError | TimeoutError | httpx2.TimeoutException):
-            message = f"no answer within {self.timeout:g}s"
-            return ModelTimeout(
-                f"{self._where}: {message} ({tally})", attempts=attempts, rate_limited=limited
-            )
-        if status is None:
-            message = f"{type(exc).__name__}: {str(exc) or 'no detail'}"
-        else:
-            message = f"HTTP {status}: {_status_detail(exc)}"
-            if status == 404:
-                message += " (is the base URL an OpenAI-compatible API? It usually ends in /v1)"
-        return ModelError(
-            f"{self._where}: {message} ({tally})",
-            status=status,
-            attempts=attempts,
-            rate_limited=limited,
-        )
+    def _retries(self) -> Retries:
+        where = f"{self.model} at {self.base_url or 'the default endpoint'}"
+        return Retries(where, self.timeout, self.max_retries, self.backoff, self.max_retry_after)
 
     # -- streaming -----------------------------------------------------------------------------
 
@@ -325,7 +220,7 @@ class OpenAIModel:
         check_model_requests_allowed(self.model)
         client = self._get_client()
         call = self._prepare(messages, tools)
-        tally = _Tally()
+        retries, tally = self._retries(), Tally()
         while True:
             tally.attempts += 1
             self.attempts += 1
@@ -339,35 +234,16 @@ class OpenAIModel:
                         else:
                             reply = item
             except Unusable as exc:
-                raise self._unusable(exc, tally) from None
-            except _TRANSIENT as exc:
+                raise retries.unusable(exc, tally) from None
+            except TRANSIENT as exc:
                 if passed_on:
-                    raise self._broken(exc, tally) from exc
-                await self._after_failure(exc, tally)
+                    raise retries.broken(exc, tally) from exc
+                await anyio.sleep(retries.next_delay(exc, tally))
                 continue
             except openai.OpenAIError as exc:
-                raise ModelError(
-                    f"{self._where}: {type(exc).__name__}: {exc} ({tally})",
-                    attempts=tally.attempts,
-                    rate_limited=tally.rate_limited,
-                ) from exc
+                raise retries.error(exc, None, tally) from exc
             yield self._finish(reply, messages, tools, tally)
             return
-
-    def _broken(self, exc: BaseException, tally: _Tally) -> ModelError:
-        if isinstance(exc, TimeoutError | httpx2.TimeoutException):
-            return ModelTimeout(
-                f"{self._where}: the stream stalled for more than {self.timeout:g}s after part "
-                f"of the answer was passed on ({tally})",
-                attempts=tally.attempts,
-                rate_limited=tally.rate_limited,
-            )
-        return ModelError(
-            f"{self._where}: the stream broke after part of the answer was passed on: "
-            f"{type(exc).__name__}: {exc} ({tally})",
-            attempts=tally.attempts,
-            rate_limited=tally.rate_limited,
-        )
 
     async def _events(
         self, client: openai.AsyncOpenAI, call: _Call
@@ -431,20 +307,6 @@ class OpenAIModel:
 
 def _finished(state: ChatStream | ResponsesStream) -> bool:
     return state.done if isinstance(state, ChatStream) else state.final is not None
-
-
-def _status_detail(exc: BaseException) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])[:300]
-    response = getattr(exc, "response", None)
-    try:
-        text = response.text if response is not None else str(exc)
-    except Exception:  # the body could not be decoded: say what the SDK said
-        text = str(exc)
-    return str(text)[:200] or str(exc)[:200]
 
 
 def estimate_usage(

@@ -1,4 +1,5 @@
-"""The OpenAI wire formats without I/O: request bodies out, answers (whole or streamed) in.
+"""The OpenAI wire formats without I/O: request bodies out, whole answers in (streams are in
+`openai_stream`).
 
 Answers are walked as plain JSON, never through the SDK's models, so that whatever a server
 sends becomes either a `ModelReply` or a `ModelError` saying which part was unusable: nothing
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from teamrt.errors import ModelError
@@ -146,12 +147,12 @@ def decode_json(status: int, content_type: str, data: bytes) -> Any:
     if not kind.endswith("json") and "html" in kind:
         raise Unusable(_not_json(status, kind, data) + hint, status=status)
     try:
-        return json.loads(data, parse_constant=_no_constants)
+        return json.loads(data, parse_constant=no_constants)
     except (ValueError, RecursionError):
         raise Unusable(_not_json(status, kind, data) + hint, status=status) from None
 
 
-def _no_constants(name: str) -> Any:
+def no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # NaN and Infinity: Python reads them, JSON has none
 
 
@@ -159,21 +160,21 @@ def _not_json(status: int, kind: str, data: bytes) -> str:
     return f"HTTP {status} answered with {kind}, not JSON: {data[:120]!r}"
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _object(value: Any, where: str) -> dict[str, Any]:
+def as_object(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise Unusable(f"unusable answer: {where} is {_kind(value)}, not an object")
+        raise Unusable(f"unusable answer: {where} is {kind_of(value)}, not an object")
     return value
 
 
-def _list(value: Any, where: str) -> list[Any]:
+def as_list(value: Any, where: str) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise Unusable(f"unusable answer: {where} is {_kind(value)}, not a list")
+        raise Unusable(f"unusable answer: {where} is {kind_of(value)}, not a list")
     return value
 
 
@@ -183,7 +184,7 @@ def _count(value: Any) -> int | None:
     return None
 
 
-def _text(value: Any, where: str) -> str | None:
+def as_text(value: Any, where: str) -> str | None:
     """Message content: a string, null, or a list of parts with text (some servers)."""
     if value is None or isinstance(value, str):
         return value
@@ -195,7 +196,7 @@ def _text(value: Any, where: str) -> str | None:
             elif isinstance(part, dict) and isinstance(part.get("text"), str):
                 texts.append(part["text"])
         return "".join(texts) or None
-    raise Unusable(f"unusable answer: {where} is {_kind(value)}, not text")
+    raise Unusable(f"unusable answer: {where} is {kind_of(value)}, not text")
 
 
 def _arguments(value: Any) -> str:
@@ -217,11 +218,11 @@ def _call_id(value: Any) -> str:
 
 def _name(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise Unusable(f"unusable answer: {where} is {_kind(value)}, not a tool name")
+        raise Unusable(f"unusable answer: {where} is {kind_of(value)}, not a tool name")
     return value
 
 
-def _error_message(body: dict[str, Any]) -> str | None:
+def error_message(body: dict[str, Any]) -> str | None:
     error = body.get("error")
     if error is None:
         return None
@@ -232,21 +233,21 @@ def _error_message(body: dict[str, Any]) -> str | None:
 
 def parse_chat(body: Any) -> ModelReply:
     """A Chat Completions answer as a reply (`usage_estimated` when it had no usage)."""
-    body = _object(body, "the answer")
-    if (error := _error_message(body)) is not None:
+    body = as_object(body, "the answer")
+    if (error := error_message(body)) is not None:
         raise Unusable(f"the server answered with an error: {error}")
-    choices = _list(body.get("choices"), "choices")
+    choices = as_list(body.get("choices"), "choices")
     if not choices:
         raise Unusable("unusable answer: it has no choices")
-    choice = _object(choices[0], "choices[0]")
-    message = _object(choice.get("message"), "choices[0].message")
-    text = _text(message.get("content"), "choices[0].message.content")
+    choice = as_object(choices[0], "choices[0]")
+    message = as_object(choice.get("message"), "choices[0].message")
+    text = as_text(message.get("content"), "choices[0].message.content")
     if text is None and isinstance(message.get("refusal"), str):
         text = message["refusal"]
     calls = []
-    for i, raw in enumerate(_list(message.get("tool_calls"), "choices[0].message.tool_calls")):
+    for i, raw in enumerate(as_list(message.get("tool_calls"), "choices[0].message.tool_calls")):
         where = f"choices[0].message.tool_calls[{i}]"
-        function = _object(_object(raw, where).get("function"), f"{where}.function")
+        function = as_object(as_object(raw, where).get("function"), f"{where}.function")
         calls.append(
             ToolCall(
                 id=_call_id(raw.get("id")),
@@ -255,10 +256,12 @@ def parse_chat(body: Any) -> ModelReply:
             )
         )
     reason = choice.get("finish_reason")
-    return _reply(text, calls, body, reason if isinstance(reason, str) else None, _chat_usage(body))
+    return make_reply(
+        text, calls, body, reason if isinstance(reason, str) else None, chat_usage(body)
+    )
 
 
-def _chat_usage(body: dict[str, Any]) -> Usage | None:
+def chat_usage(body: dict[str, Any]) -> Usage | None:
     usage = body.get("usage")
     if not isinstance(usage, dict):
         return None
@@ -268,7 +271,7 @@ def _chat_usage(body: dict[str, Any]) -> Usage | None:
     return Usage(requests=1, input_tokens=prompt, output_tokens=completion)
 
 
-def _reply(
+def make_reply(
     text: str | None,
     calls: Sequence[ToolCall],
     body: dict[str, Any],
@@ -291,21 +294,21 @@ def _reply(
 def parse_responses(body: Any, strict: dict[str, dict[str, Any]] | None = None) -> ModelReply:
     """A Responses API answer as a reply. An `incomplete` answer cut by the output limit is
     `finish_reason="length"`; reasoning items are kept on the reply to be sent back."""
-    body = _object(body, "the answer")
+    body = as_object(body, "the answer")
     status = body.get("status", "completed")
     if status == "failed" or (status is None and body.get("error")):
-        raise Unusable(f"the response failed: {_error_message(body) or 'no reason given'}")
+        raise Unusable(f"the response failed: {error_message(body) or 'no reason given'}")
     if status not in ("completed", "incomplete", None):
         raise Unusable(f"unusable answer: the response's status is {str(status)[:40]!r}")
     texts: list[str] = []
     calls: list[ToolCall] = []
     reasoning: list[dict[str, Any]] = []
-    for i, raw in enumerate(_list(body.get("output"), "output")):
-        item = _object(raw, f"output[{i}]")
+    for i, raw in enumerate(as_list(body.get("output"), "output")):
+        item = as_object(raw, f"output[{i}]")
         kind = item.get("type")
         if kind == "message":
-            for j, part in enumerate(_list(item.get("content"), f"output[{i}].content")):
-                part = _object(part, f"output[{i}].content[{j}]")
+            for j, part in enumerate(as_list(item.get("content"), f"output[{i}].content")):
+                part = as_object(part, f"output[{i}].content[{j}]")
                 value = part.get("text") if part.get("type") == "output_text" else None
                 if part.get("type") == "refusal":
                     value = part.get("refusal")
@@ -324,7 +327,9 @@ def parse_responses(body: Any, strict: dict[str, dict[str, Any]] | None = None) 
         details = body.get("incomplete_details")
         reason = details.get("reason") if isinstance(details, dict) else None
         finish = "length" if reason in ("max_output_tokens", None) else str(reason)[:40]
-    return _reply("".join(texts) or None, calls, body, finish, _responses_usage(body), reasoning)
+    return make_reply(
+        "".join(texts) or None, calls, body, finish, _responses_usage(body), reasoning
+    )
 
 
 def _responses_usage(body: dict[str, Any]) -> Usage | None:
@@ -335,152 +340,3 @@ def _responses_usage(body: dict[str, Any]) -> Usage | None:
     if given is None or made is None:
         return None
     return Usage(requests=1, input_tokens=given, output_tokens=made)
-
-
-# --- streams ------------------------------------------------------------------------------------
-
-
-class SSEDecoder:
-    """Server-sent events from lines: `feed(line)` returns the event's data when a blank line ends
-    one (data lines joined by newlines), else None. Comments and other fields are ignored."""
-
-    def __init__(self) -> None:
-        self._data: list[str] = []
-
-    def feed(self, line: str) -> str | None:
-        line = line.rstrip("\r\n")
-        if not line:
-            if not self._data:
-                return None
-            data, self._data = "\n".join(self._data), []
-            return data
-        if line.startswith("data:"):
-            value = line[5:]
-            self._data.append(value[1:] if value.startswith(" ") else value)
-        return None
-
-    def flush(self) -> str | None:
-        """The last event, when the stream ended without its closing blank line."""
-        return self.feed("")
-
-
-def _chunk(data: str) -> dict[str, Any]:
-    try:
-        value = json.loads(data, parse_constant=_no_constants)
-    except (ValueError, RecursionError):
-        raise StreamFault(f"a streamed chunk is not JSON: {data[:120]!r}") from None
-    if not isinstance(value, dict):
-        raise StreamFault(f"a streamed chunk is {_kind(value)}, not an object: {data[:120]!r}")
-    return value
-
-
-@dataclass
-class _PartialCall:
-    id: str = ""
-    name: str = ""
-    arguments: list[str] = field(default_factory=list)
-
-
-class ChatStream:
-    """Chat Completions chunks folded into one reply. `feed(data)` returns the text to pass on
-    now; `reply()` is the whole reply once the stream finished, else a `StreamFault`."""
-
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.calls: dict[int, _PartialCall] = {}
-        self.finish_reason: str | None = None
-        self.usage: Usage | None = None
-        self.model = ""
-        self.done = False
-
-    def feed(self, data: str) -> str:
-        if data.strip() == "[DONE]":
-            self.done = True
-            return ""
-        chunk = _chunk(data)
-        if (error := _error_message(chunk)) is not None:
-            raise Unusable(f"the server sent an error mid-stream: {error}")
-        if isinstance(chunk.get("model"), str):
-            self.model = chunk["model"]
-        self.usage = _chat_usage(chunk) or self.usage
-        choices = chunk.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return ""
-        choice = choices[0]
-        if isinstance(choice.get("finish_reason"), str):
-            self.finish_reason = choice["finish_reason"]
-        delta = choice.get("delta")
-        if not isinstance(delta, dict):
-            return ""
-        for raw in _list(delta.get("tool_calls"), "a streamed delta's tool_calls"):
-            self._call(raw)
-        piece = _text(delta.get("content"), "a streamed delta's content") or ""
-        if piece:
-            self.text.append(piece)
-        return piece
-
-    def _call(self, raw: Any) -> None:
-        raw = _object(raw, "a streamed tool call")
-        index = raw.get("index")
-        if not isinstance(index, int) or isinstance(index, bool):
-            # no index: a new call when it brings an id, else more of the last one
-            index = len(self.calls) if raw.get("id") or not self.calls else max(self.calls)
-        call = self.calls.setdefault(index, _PartialCall())
-        if isinstance(raw.get("id"), str) and raw["id"]:
-            call.id = raw["id"]
-        function = raw.get("function")
-        if isinstance(function, dict):
-            if isinstance(function.get("name"), str):
-                call.name += function["name"]
-            arguments = function.get("arguments")
-            if arguments is not None:
-                call.arguments.append(
-                    arguments if isinstance(arguments, str) else json.dumps(arguments)
-                )
-
-    def reply(self) -> ModelReply:
-        if not self.done and self.finish_reason is None:
-            raise StreamFault("the stream ended before the answer was complete")
-        calls = [
-            ToolCall(id=c.id or new_call_id(), name=c.name, arguments="".join(c.arguments) or "{}")
-            for _, c in sorted(self.calls.items())
-        ]
-        return _reply(
-            "".join(self.text) or None,
-            calls,
-            {"model": self.model},
-            self.finish_reason,
-            self.usage,
-        )
-
-
-class ResponsesStream:
-    """Responses API events folded into one reply: text deltas are passed on as they come, the
-    reply is the final `response.completed` (or `response.incomplete`) event's response."""
-
-    def __init__(self, strict: dict[str, dict[str, Any]] | None = None) -> None:
-        self._strict = strict
-        self.text: list[str] = []
-        self.final: ModelReply | None = None
-
-    def feed(self, data: str) -> str:
-        event = _chunk(data)
-        kind = event.get("type")
-        if kind == "response.output_text.delta":
-            piece = event.get("delta")
-            if isinstance(piece, str) and piece:
-                self.text.append(piece)
-                return piece
-        elif kind in ("response.completed", "response.incomplete", "response.failed"):
-            self.final = parse_responses(event.get("response"), self._strict)
-        elif kind == "error":
-            message = _error_message(event) or str(event.get("message"))[:300]
-            raise Unusable(f"the server sent an error mid-stream: {message}")
-        return ""
-
-    def reply(self) -> ModelReply:
-        if self.final is None:
-            raise StreamFault("the stream ended before the answer was complete")
-        if self.final.text is None and self.text:
-            return self.final.model_copy(update={"text": "".join(self.text)})
-        return self.final
