@@ -64,7 +64,7 @@ async def main(mode: str, directory: str, out: str) -> None:
     teammate = listener(out) if mode == "listen" else stepper(out)
     async with (
         FileMailboxes(directory) as mail,
-        Team(mail, [teammate], agent_dir=Path(directory) / "agents") as team,
+        Team(mail, [teammate], agent_dir=Path(directory) / "agents", lead_here=False) as team,
     ):
         Path(f"{out}.ready").write_text(str(time.monotonic()))
         await team.wait()

@@ -142,8 +142,11 @@ async def test_a_second_start_of_a_running_member_is_refused(tmp_path: Path) -> 
     async with FileMailboxes(tmp_path / "t") as mail_a, FileMailboxes(tmp_path / "t") as mail_b:
         writer = Teammate("writer", lambda: ScriptedModel([]))
         async with Team(mail_a, [writer]) as team:
+            with pytest.raises(MemberBusy, match=r"'lead' .* already running \(pid \d+"):
+                async with Team(mail_b, [writer]):  # one lead per team, too
+                    pass
             with pytest.raises(MemberBusy, match=r"'writer' .* already running \(pid \d+"):
-                async with Team(mail_b, [writer]):
+                async with Team(mail_b, [writer], lead="lead2"):
                     pass
             assert team.status["writer"].state == "idle"
         async with Team(mail_b, [writer]):  # free again once the first team stopped

@@ -184,13 +184,29 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 async def _run_agent(args: argparse.Namespace) -> int:
-    from teamrt.team import Team
+    from teamrt.team import Team, TeamBudget
 
     teammate = _load_teammate(args.spec)
     if teammate.name != args.name:
         teammate = dataclasses.replace(teammate, name=args.name)
     async with FileMailboxes(args.dir, create=False) as mail:
-        team = Team(mail, [teammate], lead=args.lead, agent_dir=Path(args.dir) / "agents")
+        roster = mail.members
+        if args.name not in roster and not args.join:
+            print(
+                f"teamrt: {args.name!r} is not a member of {args.dir} "
+                f"(members: {', '.join(roster) or 'none'}); check the spelling, or pass --join "
+                "to add it",
+                file=sys.stderr,
+            )
+            return 2
+        team = Team(
+            mail,
+            [teammate],
+            lead=args.lead,
+            agent_dir=Path(args.dir) / "agents",
+            budget=TeamBudget.follow(mail.store),  # the lead's budget, shared on disk
+            lead_here=False,
+        )
         async with team:
             print(
                 f"{args.name}: running as incarnation {team.status[args.name].incarnation} "
@@ -198,6 +214,10 @@ async def _run_agent(args: argparse.Namespace) -> int:
                 flush=True,
             )
             await team.wait()
+        status = team.status[args.name]
+    if status.state == "crashed":
+        print(f"{args.name}: {status.last}", file=sys.stderr, flush=True)
+        return 1
     print(f"{args.name}: stopped", flush=True)
     return 0
 
@@ -349,12 +369,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="run one teammate in this process",
         description="Run one teammate on a team directory until it is asked to shut down. "
         "The spec names a Teammate (or a function returning one) as module:object. A member "
-        "name runs in at most one process at a time.",
+        "name runs in at most one process at a time, and must be in the team's roster (--join "
+        "adds it). The teammate draws on the budget the team's lead published, enforces the "
+        "deadline of the shutdown request it gets, and exits with 1 if it crashed for good.",
     )
     run_agent.add_argument("dir", help="team directory")
     run_agent.add_argument("--name", required=True, help="the member name to run as")
     run_agent.add_argument("--spec", required=True, help="module:object, e.g. mypkg.team:writer")
     run_agent.add_argument("--lead", default="lead", help="who gets idle and crash notices")
+    run_agent.add_argument(
+        "--join", action="store_true", help="add the name to the team's roster if it is not there"
+    )
     run_agent.set_defaults(run=_run_agent, is_async=True)
 
     demo = commands.add_parser(

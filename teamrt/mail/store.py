@@ -8,9 +8,10 @@ every store passes the same conformance suite (`teamrt.testing.conformance`).
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from anyio.abc import TaskStatus
 
@@ -123,6 +124,27 @@ class Store(ABC):
     @abstractmethod
     def watch_inbox(self, name: str) -> None:
         """Start reporting writes to `name`'s inbox (called when a local reader opens)."""
+
+    # -- the team's budget ledger, shared by every process of the team --
+
+    def ledger_update(
+        self, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]
+    ) -> dict[str, Any] | None:
+        """Apply `change` to the team's budget ledger atomically (under the store's lock, for
+        every process of the team) and return the new ledger; `change` gets None when there
+        is no ledger yet, and returning None leaves it as it was."""
+        with self._ledger_lock:
+            ledger = change(self._ledger)
+            if ledger is not None:
+                self._ledger = dict(ledger)
+            return self._ledger
+
+    def ledger_read(self) -> dict[str, Any] | None:
+        """The team's budget ledger (limits and spend), or None if there is none."""
+        return self._ledger
+
+    _ledger: dict[str, Any] | None = None
+    _ledger_lock: contextlib.nullcontext[None] = contextlib.nullcontext()
 
     # -- liveness: is anybody running a member? --
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -13,6 +14,7 @@ from teamrt.agents.limits import Limits
 from teamrt.agents.memory import Memory
 from teamrt.agents.tools import Tool
 from teamrt.errors import LimitExceeded, UsageError
+from teamrt.mail.store import Store
 from teamrt.models.base import Model, Usage
 
 #: Envelope kinds that can wake an idle teammate besides a task (a request always does).
@@ -101,6 +103,12 @@ class TeamBudget:
     A cost budget needs every member's model to have a price (`Team(prices=...)`,
     `Teammate(prices=...)`); with `unpriced="tokens"` an unpriced model is counted in tokens
     only. A reply without usage from its server is counted from a local estimate.
+
+    A `Team` publishes its budget in the team's store (`budget.json` in a team directory), so
+    members run by other processes (`teamrt run-agent`, which follows it with
+    `TeamBudget.follow`) draw on the same ledger: spend is added under the store's lock and
+    every check reads what all processes spent. The wall-clock deadline is a point in time
+    in the ledger, the same for every process.
     """
 
     def __init__(
@@ -113,45 +121,122 @@ class TeamBudget:
     ) -> None:
         self.max_tokens, self.max_cost, self.deadline = max_tokens, max_cost, deadline
         self.unpriced = unpriced  # a model without a price: refuse to start, or count tokens
-        self.usage = Usage()
-        self.cost = 0.0
+        self._usage = Usage()
+        self._cost = 0.0
         self._started = anyio.current_time() if deadline is not None else 0.0
+        self._deadline_at: float | None = None  # wall clock, once published or followed
+        self._store: Store | None = None
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens spent by the whole team (every process, once published)."""
+        if self._store is not None:
+            self._sync(self._store.ledger_read())
+        return self._usage
+
+    @property
+    def cost(self) -> float:
+        """USD spent by the whole team (every process, once published)."""
+        if self._store is not None:
+            self._sync(self._store.ledger_read())
+        return self._cost
+
+    @property
+    def limited(self) -> bool:
+        return any(v is not None for v in (self.max_tokens, self.max_cost, self.deadline))
+
+    @classmethod
+    def follow(cls, store: Store) -> TeamBudget:
+        """The budget the team's lead published in `store` (limits and spend), for a member run
+        by another process; no limits while none is published."""
+        budget = cls()
+        budget._store = store
+        budget._sync(store.ledger_read())
+        return budget
+
+    def publish(self, store: Store) -> None:
+        """Make this the team's ledger in `store`, shared by every process; spend starts at 0."""
+        self._store = store
+        self._deadline_at = time.time() + self.deadline if self.deadline is not None else None
+        ledger = {
+            "max_tokens": self.max_tokens,
+            "max_cost": self.max_cost,
+            "deadline": self.deadline,
+            "deadline_at": self._deadline_at,
+            "unpriced": self.unpriced,
+            "requests": 0,
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "cost": 0.0,
+        }
+        self._sync(store.ledger_update(lambda _old: ledger))
+
+    def _sync(self, ledger: dict[str, Any] | None) -> None:
+        if not ledger:  # none published (or the lead runs without one): no limits
+            ledger = {"max_tokens": None, "max_cost": None, "deadline": None}
+        self.max_tokens, self.max_cost = ledger.get("max_tokens"), ledger.get("max_cost")
+        self.deadline, self._deadline_at = ledger.get("deadline"), ledger.get("deadline_at")
+        self.unpriced = ledger.get("unpriced", "refuse")
+        self._usage = Usage(
+            requests=int(ledger.get("requests", 0)),
+            input_tokens=int(ledger.get("input_tokens", 0)),
+            output_tokens=int(ledger.get("output_tokens", 0)),
+        )
+        self._cost = float(ledger.get("cost", 0.0))
 
     def check(self) -> None:
-        if self.max_tokens is not None and self.usage.total_tokens >= self.max_tokens:
+        if self._store is not None:
+            self._sync(self._store.ledger_read())
+        if self.max_tokens is not None and self._usage.total_tokens >= self.max_tokens:
             raise LimitExceeded(
                 "team_max_tokens",
                 self.max_tokens,
-                self.usage.total_tokens,
+                self._usage.total_tokens,
                 "the team's token budget is spent:",
             )
-        if self.max_cost is not None and self.cost >= self.max_cost:
+        if self.max_cost is not None and self._cost >= self.max_cost:
             raise LimitExceeded(
                 "team_max_cost",
                 self.max_cost,
-                round(self.cost, 6),
+                round(self._cost, 6),
                 "the team's cost budget (USD) is spent:",
             )
-        if self.deadline is not None:
-            elapsed = anyio.current_time() - self._started
-            if elapsed >= self.deadline:
-                raise LimitExceeded(
-                    "team_deadline",
-                    self.deadline,
-                    round(elapsed, 3),
-                    "the team's wall-clock deadline (s) has passed:",
-                )
+        left = self.time_left()
+        if left is not None and left <= 0 and self.deadline is not None:
+            raise LimitExceeded(
+                "team_deadline",
+                self.deadline,
+                round(self.deadline - left, 3),
+                "the team's wall-clock deadline (s) has passed:",
+            )
 
     def time_left(self) -> float | None:
         """Seconds until the wall-clock deadline (None: no deadline). Model calls and tools
         that are running when it passes are stopped there, not only the next call."""
+        if self._deadline_at is not None:
+            return self._deadline_at - time.time()
         if self.deadline is None:
             return None
         return self.deadline - (anyio.current_time() - self._started)
 
     def charge(self, usage: Usage, cost: float | None) -> None:
-        self.usage = self.usage + usage
-        self.cost += cost or 0.0
+        if self._store is None or not self.limited:
+            self._usage = self._usage + usage
+            self._cost += cost or 0.0
+            return
+
+        def add(ledger: dict[str, Any] | None) -> dict[str, Any] | None:
+            if ledger is None:
+                return None
+            return {
+                **ledger,
+                "requests": int(ledger.get("requests", 0)) + usage.requests,
+                "input_tokens": int(ledger.get("input_tokens", 0)) + usage.input_tokens,
+                "output_tokens": int(ledger.get("output_tokens", 0)) + usage.output_tokens,
+                "cost": float(ledger.get("cost", 0.0)) + (cost or 0.0),
+            }
+
+        self._sync(self._store.ledger_update(add))
 
 
 MemberState = Literal["starting", "idle", "working", "restarting", "stopped", "crashed"]

@@ -61,6 +61,7 @@ class Desk:
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         clock: Callable[[], float] = time.time,
         on_queue: Callable[[int], None] = lambda _n: None,
+        on_shutdown: Callable[[Request], None] = lambda _r: None,
     ) -> None:
         self.mail, self.me, self.incarnation = mail, me, incarnation
         self.inbox: Inbox = mail.inbox(me)
@@ -77,7 +78,7 @@ class Desk:
         self._shown: list[Envelope] = []  # shown to the model, waiting for the journal
         self._changed = anyio.Event()  # something was sorted
         self._space = anyio.Event()  # the mail buffer has room again
-        self._on_queue = on_queue
+        self._on_queue, self._on_shutdown = on_queue, on_shutdown
         self.refused = 0  # tasks answered Busy or Expired
         # tasks found in the inbox at start were accepted before (by an earlier incarnation) or
         # waited for one: the queue's bound applies from the moment the runner is ready
@@ -165,6 +166,7 @@ class Desk:
         body = ShutdownBody.model_validate(request.body)
         if body.incarnation in (None, self.incarnation):
             self.shutdown = request
+            self._on_shutdown(request)
             return
         await self.mail.send(
             Envelope.error(

@@ -83,6 +83,7 @@ class Runner:
             wake_on=teammate.wake_on,
             seen=self._seen.__contains__,
             on_queue=lambda n: setattr(status, "queued", n),
+            on_shutdown=lambda request: team.enforce_deadline(self.name, request),
         )
         self.agent: Agent | None = None
         self.scope: anyio.CancelScope | None = None  # set by the team: cancels this incarnation

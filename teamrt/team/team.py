@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -76,6 +77,7 @@ class Team:
         remote: Iterable[str] = (),
         approver: Approver | None = None,
         prices: dict[str, tuple[float, float]] | None = None,
+        lead_here: bool = True,
     ) -> None:
         self.mail = mail
         self.teammates: dict[str, Teammate] = {}
@@ -99,6 +101,7 @@ class Team:
         self.agent_dir = Path(agent_dir) if agent_dir is not None else None
         self.shutdown_deadline = shutdown_deadline
         self.remote = tuple(remote)  # members run by other processes (`teamrt run-agent`)
+        self.lead_here = lead_here  # False in `teamrt run-agent`: the lead runs elsewhere
         self.approver = approver
         self.prices = dict(prices or {})  # USD per million tokens, for every member's models
         self.status: dict[str, MemberStatus] = {n: MemberStatus(n) for n in self.teammates}
@@ -109,6 +112,7 @@ class Team:
         self._all_done = anyio.Event()
         self._task_group: TaskGroup | None = None
         self._serving_lead = False
+        self._lead_lease: Lease | None = None
         self._runners: dict[str, Runner] = {}  # the current incarnation of each member
         self._carried: dict[str, AgentState | None] = {}  # conversations, without a journal
         self._waits_for: dict[str, list[str]] = {}  # member -> members its requests wait on
@@ -126,6 +130,24 @@ class Team:
             )
         for name in (self.lead, *self.teammates):
             await self.mail.add_member(name)
+        if self.lead_here:  # the lead's inbox has one consumer too: a second lead is MemberBusy
+            self._lead_lease = self.mail.store.acquire_lease(
+                self.lead, f"pid {os.getpid()}, lead of this team"
+            )
+        try:
+            await self._start()
+        except BaseException:
+            if self._lead_lease is not None:
+                self._lead_lease.release()
+                self._lead_lease = None
+            raise
+        return self
+
+    async def _start(self) -> None:
+        if self.budget is not None and self.budget._store is None:
+            self.budget.publish(self.mail.store)  # every process of the team draws on it
+        elif self.budget is None and self.lead_here:
+            self.mail.store.ledger_update(lambda old: {} if old else None)  # none this run
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -139,7 +161,6 @@ class Team:
             await task_group.__aexit__(None, None, None)
             self._task_group = None
             raise
-        return self
 
     async def __aexit__(
         self,
@@ -156,7 +177,12 @@ class Team:
             task_group, self._task_group = self._task_group, None
             task_group.cancel_scope.cancel()  # teammates are down; this ends the lead's server
             # only the team's own tasks run in it: the body's exception propagates as is
-            await task_group.__aexit__(None, None, None)
+            try:
+                await task_group.__aexit__(None, None, None)
+            finally:
+                if self._lead_lease is not None:
+                    self._lead_lease.release()
+                    self._lead_lease = None
 
     # -- asking --
 
@@ -302,6 +328,20 @@ class Team:
             if self.status[name].state not in ("stopped", "crashed"):
                 self.status[name].last = "cancelled at the shutdown deadline"
                 scope.cancel()
+
+    def enforce_deadline(self, member: str, shutdown: Request) -> None:
+        """A teammate accepted `shutdown`: if it has not stopped by the request's deadline,
+        cancel it there (whoever sent the request, in this process or another)."""
+        if shutdown.deadline is None or self._task_group is None:
+            return
+        self._task_group.start_soon(self._cancel_at, member, shutdown.deadline)
+
+    async def _cancel_at(self, member: str, deadline: float) -> None:
+        await anyio.sleep(max(0.0, deadline - time.time()))
+        status, scope = self.status[member], self._scopes.get(member)
+        if scope is not None and status.state not in ("stopped", "crashed"):
+            status.last = "cancelled at the shutdown deadline"
+            scope.cancel()
 
     async def wait(self) -> None:
         """Return once every teammate of this team has stopped (or crashed for good)."""

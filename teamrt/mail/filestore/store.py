@@ -15,11 +15,12 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
-from teamrt.errors import MemberBusy, StoreError, UnknownRecipient, UsageError
+from teamrt.errors import MemberBusy, StoreCorrupt, StoreError, UnknownRecipient, UsageError
 from teamrt.mail import inotify
 from teamrt.mail.filestore.appender import Appender
 from teamrt.mail.filestore.fileio import (
@@ -413,6 +414,52 @@ class FileStore(Store):
         assert isinstance(token, int)
         os.ftruncate(token, 0)
         os.close(token)  # closing drops the flock; the file stays
+
+    # -- the budget ledger: budget.json, read-modified-written under budget.lock --
+
+    def ledger_update(
+        self, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]
+    ) -> dict[str, Any] | None:
+        path = self.path / "budget.json"
+        try:
+            lock_fd = os.open(
+                self.path / "budget.lock",
+                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                self.file_mode,
+            )
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a model call's worth of work: brief
+                current = self.ledger_read()
+                ledger = change(current)
+                if ledger is None:
+                    return current
+                data = (json.dumps(ledger, sort_keys=True) + "\n").encode()
+                replace_file(path, data, durable=False, mode=self.file_mode)
+                return ledger
+            finally:
+                os.close(lock_fd)
+        except OSError as exc:
+            raise translate(exc, "update the team's budget ledger") from None
+
+    def ledger_read(self) -> dict[str, Any] | None:
+        try:
+            fd = os.open(self.path / "budget.json", O_READ)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise translate(exc, "read the team's budget ledger") from None
+        try:
+            raw = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        try:
+            ledger = json.loads(raw)
+        except ValueError:
+            raise StoreCorrupt(
+                f"{self.path / 'budget.json'}: the budget ledger is not JSON; delete it to start "
+                "a new one (the next team start does)"
+            ) from None
+        return ledger if isinstance(ledger, dict) else None
 
     def member_alive(self, name: str) -> bool | None:
         """See `Store.member_alive`: the lease file's flock says whether a process holds it,
