@@ -26,6 +26,7 @@ from typing import Self
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+from pydantic import ValidationError
 
 from teamrt.agents.state import AgentState
 from teamrt.envelopes import Envelope, Request, new_id
@@ -278,13 +279,17 @@ class Team:
                 inbox.ack_nowait(envelope)
 
     async def _decide(self, request: Request) -> None:
-        """The lead's side of the approval gate: put the plan to the approver."""
+        """The lead's side of the approval gate: put the plan to the approver. Whatever goes
+        wrong (a malformed plan, the approver's own bug) rejects the plan, saying why: it never
+        takes the team down."""
         if self.approver is None:
             approved, feedback = False, "the lead has no approver: no plan can be approved"
         else:
-            plan = PlanBody.model_validate(request.body)
             try:
+                plan = PlanBody.model_validate(request.body)
                 approved, feedback = await self.approver(request.sender, plan.plan)
+            except ValidationError as exc:
+                approved, feedback = False, f"the plan is malformed: {exc.errors()[0]['msg']}"
             except Exception as exc:  # the approver's bug must not take the team down
                 approved, feedback = False, f"the approver failed: {type(exc).__name__}: {exc}"
         await self.mail.send(
