@@ -56,3 +56,13 @@ stuck = Teammate("w", FunctionModel(_dig), tools=[dig])
 
 #: answers at once
 echo = Teammate("w", FunctionModel(lambda m, t: "echo"))
+
+
+def _look_then_say(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+    if messages[-1].role == "tool":
+        return "the note says: " + (messages[-1].content or "")
+    return call("note", text="inotify watches files")
+
+
+#: one tool call, then an answer (streamed by FunctionModel in a few chunks)
+looker = Teammate("w", FunctionModel(_look_then_say), tools=[note])

@@ -2,7 +2,17 @@
 
 from teamrt.agents.delegate import delegate_tool
 from teamrt.agents.limits import PRICES, PRICES_DATE, Limits, cost_of
-from teamrt.agents.loop import Agent, Answer, CallTools, Inbound, Malformed, decide
+from teamrt.agents.loop import (
+    Agent,
+    AgentEvent,
+    Answer,
+    CallTools,
+    Inbound,
+    Malformed,
+    ToolCallFinished,
+    ToolCallStarted,
+    decide,
+)
 from teamrt.agents.memory import Compacted, Memory
 from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.state import AgentState, RunReport, Stop
@@ -12,6 +22,7 @@ __all__ = [
     "PRICES",
     "PRICES_DATE",
     "Agent",
+    "AgentEvent",
     "AgentState",
     "Answer",
     "CallTools",
@@ -23,6 +34,8 @@ __all__ = [
     "RunReport",
     "Stop",
     "Tool",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "ToolResult",
     "Toolbox",
     "cost_of",

@@ -17,12 +17,13 @@ The driver never raises for the model's or the tools' misbehaviour: that is data
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -35,7 +36,16 @@ from teamrt.agents.memory import Memory, context_tokens
 from teamrt.agents.state import HANDLED_MEMORY, AgentState, OpenStep, RunReport, Stop
 from teamrt.agents.tools import Tool, Toolbox, ToolResult
 from teamrt.errors import LimitExceeded, ModelError, StopRequested, UsageError
-from teamrt.models.base import ChatMessage, Model, ModelReply, ToolCall, Usage, message_tokens
+from teamrt.models.base import (
+    ChatMessage,
+    Model,
+    ModelReply,
+    StreamingModel,
+    TextDelta,
+    ToolCall,
+    Usage,
+    message_tokens,
+)
 
 CONTINUE = (
     "Your last reply was cut off by the output length limit. Continue exactly where it "
@@ -101,6 +111,31 @@ def signature(call: ToolCall) -> str:
 def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
+
+# --- events: what a run looks like as it happens -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolCallStarted:
+    """The loop is about to run a tool call."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class ToolCallFinished:
+    """A tool call's result, as the model will read it."""
+
+    call_id: str
+    name: str
+    content: str
+    ok: bool
+
+
+#: What `Agent.stream` yields: text as the model writes it, tool calls and their results, and
+#: last the run's report.
+AgentEvent = TextDelta | ToolCallStarted | ToolCallFinished | RunReport
+EventSink = Callable[[AgentEvent], Awaitable[None]]
 
 # --- the driver ---------------------------------------------------------------------------------
 
@@ -177,9 +212,11 @@ class Agent:
     `transcript`: a path that receives every model call and reply. `directory`: both, as
     `<directory>/<name>.state.jsonl` and `<directory>/<name>.transcript.jsonl`.
     `max_parallel_tools`: tool calls of one reply that may run at the same time.
-    `call_id_prefix`: tools see `current_call_id()` as `<prefix>:<step>.<n>` (the n-th call of
-    that step) instead of the model's id, so a run repeated from the start (a sub-agent whose
-    delegate call is re-run after a crash) gives each call the same key as the first time.
+    `on_event`: an async callback that gets every `AgentEvent` as it happens (with it, a model
+    that can stream does: its text arrives as `TextDelta`s); `stream()` is the same as an async
+    iterator. `call_id_prefix`: tools see `current_call_id()` as `<prefix>:<step>.<n>` (the n-th
+    call of that step) instead of the model's id, so a run repeated from the start (a sub-agent
+    whose delegate call is re-run after a crash) gives each call the same key as the first time.
     """
 
     def __init__(
@@ -202,6 +239,7 @@ class Agent:
         keep_context: bool = False,
         max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS,
         call_id_prefix: str | None = None,
+        on_event: EventSink | None = None,
     ) -> None:
         self.name = name
         if inbound is None and on_step is not None:
@@ -216,6 +254,7 @@ class Agent:
         self.prices = {**PRICES, **(prices or {})}
         self.keep_context = keep_context
         self.call_id_prefix = call_id_prefix
+        self.on_event = on_event  # gets every event; the model then streams if it can
         if max_parallel_tools < 1:
             raise UsageError("max_parallel_tools must be at least 1")
         self._parallel = anyio.CapacityLimiter(max_parallel_tools)
@@ -264,6 +303,53 @@ class Agent:
         if self.journal is not None:
             self.journal.start(state)
         return await self._drive(state)
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, task: str, *, task_id: str | None = None, resume: bool = False
+    ) -> AsyncIterator[AsyncIterator[AgentEvent]]:
+        """Run `task` and see it happen: text as the model writes it (from a model that can
+        stream), each tool call and its result, and last the `RunReport`.
+
+            async with agent.stream("What is inotify?") as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        print(event.text, end="")
+
+        Leaving the block before the report cancels the run.
+        """
+        send, receive = anyio.create_memory_object_stream[AgentEvent](math.inf)
+        previous = self.on_event
+
+        async def relay(event: AgentEvent) -> None:
+            if previous is not None:
+                await previous(event)
+            await send.send(event)
+
+        async def drive() -> None:
+            async with send:
+                self.on_event = relay
+                try:
+                    report = await self.run(task, task_id=task_id, resume=resume)
+                finally:
+                    self.on_event = previous
+                await send.send(report)
+
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drive)
+            with receive:
+                try:
+                    yield receive
+                except Exception as exc:  # the consumer's error, raised as it is, not grouped
+                    failure = exc
+            tg.cancel_scope.cancel()  # the consumer left: a run still going is cancelled
+        if failure is not None:
+            raise failure
+
+    async def _emit(self, event: AgentEvent) -> None:
+        if self.on_event is not None:
+            await self.on_event(event)
 
     async def resume(self) -> RunReport:
         """Continue the run saved in the checkpoint journal."""
@@ -491,7 +577,7 @@ class Agent:
         started = self.clock()
         try:
             with anyio.move_on_after(min(left, per_call if per_call is not None else math.inf)):
-                reply = await self.model.complete(state.messages, specs)
+                reply = await self._complete(state, specs)
                 state.attempts += reply.attempts
                 state.rate_limited += reply.rate_limited
                 state.usage_estimated = state.usage_estimated or reply.usage_estimated
@@ -518,6 +604,31 @@ class Agent:
         finally:
             state.model_time += self.clock() - started
         return None
+
+    async def _complete(self, state: AgentState, specs: Sequence[Any]) -> ModelReply:
+        """One model call; streamed when someone listens and the model can stream."""
+        if self.on_event is None:
+            return await self.model.complete(state.messages, specs)
+        if not isinstance(self.model, StreamingModel):
+            whole = await self.model.complete(state.messages, specs)
+            if whole.text:
+                await self._emit(TextDelta(text=whole.text))
+            return whole
+        reply: ModelReply | None = None
+        stream = self.model.stream(state.messages, specs)
+        try:
+            async for item in stream:
+                if isinstance(item, TextDelta):
+                    await self._emit(item)
+                else:
+                    reply = item
+        finally:
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()  # a stream left early gives its connection back
+        if reply is None:
+            raise ModelError(f"{self.model.name}: the stream ended without a reply")
+        return reply
 
     async def _finish_step(self, state: AgentState, step: OpenStep) -> None:
         """Act on a recorded reply: run its tool calls (those without a result yet), then
@@ -677,6 +788,7 @@ class Agent:
             keyed = call.model_copy(
                 update={"id": f"{self.call_id_prefix}:{state.steps}.{position}"}
             )
+        await self._emit(ToolCallStarted(call))
         async with self._parallel:
             started = self.clock()
             if waits and self.limits.max_idle is not None:  # the idle limit bounds each wait
@@ -692,6 +804,7 @@ class Agent:
             if waits:
                 state.idle += self.clock() - started
         self._record(work, call, ChatMessage.tool_result(call, result.content))
+        await self._emit(ToolCallFinished(call.id, call.name, result.content, result.ok))
 
     def _record(self, work: _StepWork, call: ToolCall, message: ChatMessage) -> None:
         work.results[call.id] = message

@@ -12,9 +12,11 @@ from teamrt.team import MemberStatus, Team
 
 
 def _line(status: MemberStatus, depth: int) -> str:
+    # what the model is writing, as it writes it (Teammate(stream=True)), else the last event
+    doing = " ".join(status.text.split())[-60:] if status.text else status.last[:60]
     return (
         f"{status.name:>12}  {status.state:8}  step {status.step:3}  inbox {depth:3}  "
-        f"tasks {status.tasks_done:2}  {status.last[:60]}"
+        f"tasks {status.tasks_done:2}  {doing}"
     )
 
 
@@ -31,7 +33,7 @@ async def live_view(team: Team, *, interval: float = 0.1, out: TextIO | None = N
             depth = stats.ready + stats.unacked if stats is not None else 0
             line = _line(status, depth)
             lines.append(line)
-            key = f"{status.state}/{status.step}/{status.last}"
+            key = f"{status.state}/{status.step}/{status.last}/{status.text}"
             if not tty and shown.get(name) != key:
                 shown[name] = key
                 stream.write(line.rstrip() + "\n")

@@ -59,6 +59,9 @@ class Teammate:
       model is told how many).
     - `replicas`: serve this role with a pool of members named `<name>-1` ... `<name>-N`;
       `team.ask(name, ...)` goes to the least busy one.
+    - `stream=True`: the model streams (when it can), and `team.status[name].text` shows what
+      it is writing as it writes it (the live view prints it). A task asked with `team.stream`
+      streams either way.
     - `delegate=True` adds a `delegate` tool: a throw-away sub-agent with a fresh context and
       this teammate's own tools, which returns only its conclusion.
     - Tools named in `needs_approval` refuse to run until the teammate has sent a plan with
@@ -80,6 +83,7 @@ class Teammate:
     replicas: int = 1
     delegate: bool = False
     prices: dict[str, tuple[float, float]] | None = None
+    stream: bool = False
 
     def __post_init__(self) -> None:
         if self.context not in ("persistent", "per_task"):
@@ -255,3 +259,4 @@ class MemberStatus:
     restarts: int = 0
     last: str = ""
     queued: int = 0  # tasks waiting behind the current one
+    text: str = ""  # the end of what the model is writing now (with `Teammate(stream=True)`)

@@ -9,14 +9,16 @@ the teammate could start it), `Busy` (its queue is full), `TeammateCrashed`, `St
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeGuard
+from typing import Literal, TypeGuard
 
 from pydantic import BaseModel
 
 from teamrt.envelopes import Envelope, Request, register_payload
 
 TASK = "task"
+STREAMED_TASK = "streamed_task"  # a task whose requester also wants progress as it happens
 RESULT = "task_result"
+PROGRESS = "task_progress"  # text, tool calls and results of a streamed task, as they happen
 SHUTDOWN = "shutdown_request"
 SHUTDOWN_ACK = "shutdown_ack"
 IDLE = "idle"
@@ -49,6 +51,16 @@ class TaskResult(BaseModel):
     cost: float | None
 
 
+class ProgressBody(BaseModel):
+    """The body of a `task_progress` message: one piece of a streamed task as it happens."""
+
+    task: str  # the id of the task request
+    event: Literal["text", "tool_call", "tool_result"]
+    text: str = ""  # text written by the model, a call's arguments, or a result
+    name: str | None = None  # the tool, for tool events
+    ok: bool | None = None  # for a tool result
+
+
 class ShutdownBody(BaseModel):
     incarnation: str | None = None  # None: whichever incarnation is running
     reason: str = ""
@@ -77,6 +89,7 @@ class CrashBody(BaseModel):
 
 
 register_payload(RESULT, TaskResult)
+register_payload(PROGRESS, ProgressBody)
 register_payload(SHUTDOWN, ShutdownBody)
 register_payload(IDLE, IdleBody)
 register_payload(CRASHED, CrashBody)

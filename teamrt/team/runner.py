@@ -21,24 +21,26 @@ import anyio
 
 from teamrt.agents.delegate import delegate_tool
 from teamrt.agents.journal import Journal
-from teamrt.agents.loop import Agent
+from teamrt.agents.loop import Agent, AgentEvent, ToolCallFinished, ToolCallStarted
 from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool, tool
 from teamrt.envelopes import Envelope, Request, new_id
 from teamrt.errors import StopRequested
-from teamrt.models.base import ChatMessage, Model, Usage
+from teamrt.models.base import ChatMessage, Model, TextDelta, Usage
 from teamrt.team.config import MemberStatus, Teammate
 from teamrt.team.desk import Desk
 from teamrt.team.protocol import (
     PLAN_APPROVAL,
     RESULT,
     SHUTDOWN_ACK,
+    STREAMED_TASK,
     TEAMMATE_CRASHED,
     CrashBody,
     DecisionBody,
     IdleBody,
     PlanBody,
+    ProgressBody,
     TaskResult,
 )
 
@@ -46,6 +48,9 @@ if TYPE_CHECKING:
     from teamrt.team.team import Team
 
 ROUND = "round:"  # task ids of rounds of mail start with this
+_STATUS_TEXT = 200  # characters of the model's current text kept in the status
+_PROGRESS_EVERY = 0.05  # seconds of text batched into one progress message
+_PROGRESS_RESULT = 2000  # characters of a tool result in a progress message
 PLAN_VERDICT = "plan "  # submit_plan's result starts "plan approved" or "plan rejected"
 
 
@@ -90,6 +95,9 @@ class Runner:
         self.cancelled: str | None = None  # why the team cancelled it, if it did
         self.current: Request | None = None
         self._round_id: str | None = None  # the round of mail in progress, if any
+        self._streaming: Request | None = None  # the streamed task in progress, if any
+        self._pending_text = ""
+        self._flushed = 0.0
         self._approved = False
         self._last: TaskResult | None = None
 
@@ -152,6 +160,8 @@ class Runner:
         self.status.last = f"task {request.id} from {request.sender}"
         agent = self._agent()
         text = request.body if isinstance(request.body, str) else json.dumps(request.body)
+        self._streaming = request if request.type == STREAMED_TASK else None
+        agent.on_event = self._on_event if self.teammate.stream or self._streaming else None
         state = agent.state
         if state is not None and state.task_id == request.id and state.stop is not None:
             report = agent.report()  # finished before a crash, unanswered: answer it now
@@ -161,6 +171,7 @@ class Runner:
             # a new task needs its own plan; a resumed one keeps what its conversation says
             self._approved = resuming and state is not None and _plan_approved(state)
             report = await agent.run(text, task_id=request.id, resume=True)
+        await self._flush_progress()
         if report.stop.reason == "shutdown":
             return  # interrupted: it stays unacked, and the next incarnation resumes it
         result = _result(report)
@@ -177,6 +188,8 @@ class Runner:
         self.status.last = "reading mail"
         agent = self._agent()
         state = agent.state
+        self._streaming = None
+        agent.on_event = self._on_event if self.teammate.stream else None
         self._approved = False  # mail is not a task: no plan carries into it
         if resume and state is not None and state.task_id is not None:
             self._round_id = state.task_id
@@ -197,6 +210,48 @@ class Runner:
                 self.name, self.team.lead, IdleBody(incarnation=self.incarnation, last=last)
             )
         )
+
+    # -- what the agent does, as it happens (status text, and progress for a streamed task) --
+
+    async def _on_event(self, event: AgentEvent) -> None:
+        if isinstance(event, TextDelta):
+            self.status.text = (self.status.text + event.text)[-_STATUS_TEXT:]
+            if self._streaming is not None:
+                self._pending_text += event.text
+                if anyio.current_time() - self._flushed >= _PROGRESS_EVERY:
+                    await self._flush_progress()
+            return
+        if self._streaming is None:
+            return
+        await self._flush_progress()
+        if isinstance(event, ToolCallStarted):
+            body = ProgressBody(
+                task=self._streaming.id,
+                event="tool_call",
+                text=event.call.arguments,
+                name=event.call.name,
+            )
+        elif isinstance(event, ToolCallFinished):
+            body = ProgressBody(
+                task=self._streaming.id,
+                event="tool_result",
+                text=event.content[:_PROGRESS_RESULT],
+                name=event.name,
+                ok=event.ok,
+            )
+        else:
+            return
+        await self.mail.send(Envelope.message(self.name, self._streaming.sender, body))
+
+    async def _flush_progress(self) -> None:
+        """Send the text written since the last progress message (batched: one message per
+        `_PROGRESS_EVERY` seconds of writing, not one per token)."""
+        self._flushed = anyio.current_time()
+        if self._streaming is None or not self._pending_text:
+            return
+        text, self._pending_text = self._pending_text, ""
+        body = ProgressBody(task=self._streaming.id, event="text", text=text)
+        await self.mail.send(Envelope.message(self.name, self._streaming.sender, body))
 
     # -- the agent's inputs between steps (teamrt.agents.loop.Inbound) --
 

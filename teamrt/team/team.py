@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
 from pydantic import ValidationError
 
 from teamrt.agents.state import AgentState
@@ -37,11 +39,14 @@ from teamrt.team.config import MemberStatus, TeamBudget, Teammate
 from teamrt.team.protocol import (
     PLAN_APPROVAL,
     PLAN_DECISION,
+    PROGRESS,
     SHUTDOWN,
+    STREAMED_TASK,
     TASK,
     Approver,
     DecisionBody,
     PlanBody,
+    ProgressBody,
     ShutdownBody,
     TaskResult,
 )
@@ -114,6 +119,9 @@ class Team:
         self._task_group: TaskGroup | None = None
         self._serving_lead = False
         self._lead_lease: Lease | None = None
+        self._progress: dict[
+            str, MemoryObjectSendStream[ProgressBody | TaskResult | Exception]
+        ] = {}
         self._runners: dict[str, Runner] = {}  # the current incarnation of each member
         self._carried: dict[str, AgentState | None] = {}  # conversations, without a journal
         self._waits_for: dict[str, list[str]] = {}  # member -> members its requests wait on
@@ -208,6 +216,72 @@ class Team:
             self._in_flight[member] -= 1
         return TaskResult.model_validate(response.body)
 
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, member: str, text: str, *, timeout: float | None = None
+    ) -> AsyncIterator[AsyncIterator[ProgressBody | TaskResult]]:
+        """Give `member` a task and see it happen: `ProgressBody` events (text as the model
+        writes it, tool calls and their results), then the `TaskResult`. The teammate may run
+        in another process: progress travels as `task_progress` messages to the lead.
+
+            async with team.stream("researcher", "What is inotify?") as events:
+                async for event in events:
+                    ...
+
+        Errors are those of `ask`, raised from the iterator. Leaving the block early stops
+        waiting (the task goes on; its result reaches the lead's notices).
+        """
+        member = self.pick(member)
+        status = self.status.get(member)
+        if status is not None and status.state in ("crashed", "stopped"):
+            raise TeammateGone(f"{member!r} {status.state} and is not running: {status.last}")
+        self._serve_lead()
+        request = Envelope.request(self.lead, member, text, type=STREAMED_TASK, timeout=timeout)
+        send, receive = anyio.create_memory_object_stream[ProgressBody | TaskResult | Exception](
+            math.inf
+        )
+        self._progress[request.id] = send
+
+        async def ask() -> None:
+            async with send:
+                self._in_flight[member] = self._in_flight.get(member, 0) + 1
+                try:
+                    response = await self.mail.request(request, timeout=timeout)
+                    await self._lead_caught_up()  # the progress sent before the answer first
+                    await send.send(TaskResult.model_validate(response.body))
+                except Exception as exc:  # handed to the consumer, raised from its iterator
+                    await send.send(exc)
+                finally:
+                    self._in_flight[member] -= 1
+                    self._progress.pop(request.id, None)
+
+        async def events() -> AsyncIterator[ProgressBody | TaskResult]:
+            async for item in receive:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            with receive:
+                try:
+                    yield events()
+                except Exception as exc:  # raised out of the task group as it is, not grouped
+                    failure = exc
+            tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+
+    async def _lead_caught_up(self) -> None:
+        """Wait (briefly) until the lead's server has taken in what the lead's inbox read so
+        far: an answer is routed at once, the messages read before it may still be queued."""
+        inbox = self.mail.inbox(self.lead)
+        for _ in range(1000):
+            if inbox.statistics().ready == 0:
+                return
+            await anyio.sleep(0.001)
+
     def pick(self, role: str) -> str:
         """The member to ask: `role` itself, or the least busy live replica of its pool
         (fewest tasks in flight from the lead, then idle before working)."""
@@ -273,10 +347,23 @@ class Team:
             try:
                 if envelope.type == PLAN_APPROVAL and isinstance(envelope, Request):
                     await self._decide(envelope)
+                elif envelope.type == PROGRESS:
+                    await self._progressed(envelope)
                 else:
                     self.notices.append(envelope)
             finally:
                 inbox.ack_nowait(envelope)
+
+    async def _progressed(self, envelope: Envelope) -> None:
+        """A streamed task's progress: to whoever streams it (dropped once nobody does)."""
+        try:
+            body = ProgressBody.model_validate(envelope.body)
+        except ValidationError:
+            return
+        listener = self._progress.get(body.task)
+        if listener is not None:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                await listener.send(body)
 
     async def _decide(self, request: Request) -> None:
         """The lead's side of the approval gate: put the plan to the approver. Whatever goes
