@@ -4,10 +4,13 @@ The researcher reads the notes shipped with the demo (real files, through a tool
 findings to the writer as a request; the writer writes `agent-loop.md` into a scratch directory
 (a real file, through a tool) and its result goes back to the researcher, whose answer goes back
 to the lead. Offline, each teammate's model is a function that decides from what its tools
-returned; `model="openai"` gives both an `OpenAIModel` instead (OPENAI_API_KEY, OPENAI_MODEL and,
-for any OpenAI-compatible server, OPENAI_BASE_URL).
+returned; `model="openai"` gives both an `OpenAIModel` instead (OPENAI_MODEL, OPENAI_API_KEY and,
+for any OpenAI-compatible server, OPENAI_BASE_URL; prices from TEAMRT_PRICES).
 
-`researcher` and `writer` are importable specs for `teamrt run-agent --spec`.
+`researcher` and `writer` are importable specs for `teamrt run-agent --spec`: functions that
+build the teammate on the model named by TEAMRT_DEMO_MODEL (the two-process demo sets it for the
+writer's process). A run ends with every agent's stop report; a run that stopped early (a model
+error, a writer that never wrote its file) ends with one line saying so and exit code 1.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from typing import Any
 import anyio
 
 from teamrt.agents import tool
+from teamrt.demos import real
+from teamrt.errors import TeamrtError
 from teamrt.mail import FileMailboxes
-from teamrt.models import ChatMessage, FunctionModel, Model, ModelReply, ToolSpec, call, calls
+from teamrt.models import ChatMessage, ModelReply, ToolSpec, call, calls
 from teamrt.replay import timeline
-from teamrt.team import Team, Teammate
+from teamrt.team import TaskResult, Team, Teammate
 
 NOTES = Path(__file__).with_name("notes")
 TEAM = "research-writer"
@@ -100,6 +105,10 @@ def researcher_brain(
             "request", to="writer", text="Findings:\n- " + "\n- ".join(findings), timeout=60
         )
     answer = json.loads(results[0].content or "{}").get("answer", {})
+    if not isinstance(answer, dict):  # the request failed: the tool's error is the content
+        return f"The writer could not be asked: {results[0].content}"
+    if answer.get("stop_reason", "answer") != "answer":
+        return f"The writer stopped early ({answer.get('stop_reason')}): {answer.get('detail')}"
     return f"Findings sent to the writer, who reports: {answer.get('answer')}"
 
 
@@ -117,36 +126,47 @@ def writer_brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> 
     return call("write_file", name="agent-loop.md", content=document)
 
 
-def _model(kind: str, brain: Any, name: str) -> Model:
-    if kind == "openai":
-        from teamrt.models import OpenAIModel
-
-        return OpenAIModel()
-    return FunctionModel(brain, name=name)
+RESEARCHER = (
+    "You research from the notes (list_notes, read_note), then send your findings to the "
+    "writer with the request tool, as bullet lines starting with '- Title: '. Answer with "
+    "what the writer reported."
+)
+WRITER = (
+    "You turn findings into agent-loop.md with write_file: a title and one section per "
+    "finding. Answer with what you wrote."
+)
 
 
 def teammates(model: str = "offline") -> list[Teammate]:
+    """The researcher and the writer, on `model` ("offline" or "openai"), priced from
+    TEAMRT_PRICES."""
+    prices = real.prices()
     return [
         Teammate(
             "researcher",
-            lambda: _model(model, researcher_brain, "researcher-offline"),
-            instructions="You research from the notes (list_notes, read_note), then send "
-            "your findings to the writer with the request tool, as bullet "
-            "lines starting with '- Title: '. Answer with what the writer "
-            "reported.",
+            lambda: real.make_model(model, researcher_brain, "researcher-offline"),
+            instructions=RESEARCHER,
             tools=[list_notes, read_note],
+            prices=prices,
         ),
         Teammate(
             "writer",
-            lambda: _model(model, writer_brain, "writer-offline"),
-            instructions="You turn findings into agent-loop.md with write_file: a title "
-            "and one section per finding. Answer with what you wrote.",
+            lambda: real.make_model(model, writer_brain, "writer-offline"),
+            instructions=WRITER,
             tools=[write_file],
+            prices=prices,
         ),
     ]
 
 
-researcher, writer = teammates()
+def researcher() -> Teammate:
+    """The researcher on the model TEAMRT_DEMO_MODEL names (offline by default)."""
+    return teammates(real.choice_from_env())[0]
+
+
+def writer() -> Teammate:
+    """The writer on the model TEAMRT_DEMO_MODEL names (offline by default)."""
+    return teammates(real.choice_from_env())[1]
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -168,53 +188,107 @@ def _preview(body: Any) -> str:
     return text if len(text) <= 70 else text[:67] + "..."
 
 
+#: Seconds the lead waits for the researcher: a real model makes five or six calls, and the
+#: writer's among them.
+ASK_TIMEOUT = 300.0
+DOCUMENT = "agent-loop.md"
+
+
 async def run(
     root: Path, model: str = "offline", live: bool = True, two_process: bool = False
 ) -> int:
-    """Run the demo; with `two_process`, the writer runs in a child process (`run-agent`)."""
+    """Run the demo; with `two_process`, the writer runs in a child process (`run-agent`).
+    0 when the writer wrote its file and every agent answered; otherwise 1, after the stop
+    reports and one line saying what went wrong."""
     from teamrt.cli.live import live_view
 
+    await real.check_environment(model)
     team_dir = root / TEAM
     for directory in (team_dir, _scratch()):
         if directory.exists():
             shutil.rmtree(directory)  # the demo's own files from an earlier run
     local = teammates(model)
     remote: list[str] = []
-    child = None
+    result: TaskResult | None = None
+    failure: str | None = None
+    code = 0
     async with FileMailboxes(team_dir, members=["lead", "researcher", "writer"]) as mail:
-        if two_process:
-            local, remote = local[:1], ["writer"]
-            child = await anyio.open_process(
-                [
-                    sys.executable,
-                    "-m",
-                    "teamrt",
-                    "run-agent",
-                    str(team_dir),
-                    "--name",
-                    "writer",
-                    "--spec",
-                    "teamrt.demos.research_writer:writer",
-                ],
-                stdout=None,
-                stderr=None,
-            )
-            print(f"lead: started the writer as process {child.pid}")
-        async with (
-            Team(mail, local, agent_dir=team_dir / "agents", remote=remote) as team,
-            anyio.create_task_group() as tg,
-        ):
-            if live:
-                tg.start_soon(live_view, team)
-            result = await team.ask("researcher", TASK, timeout=120)
-            tg.cancel_scope.cancel()
+        child = await _start_writer(team_dir, model) if two_process else None
         if child is not None:
-            with anyio.fail_after(30):
-                code = await child.wait()
-            print(f"lead: the writer's process exited with code {code}")
-    print(f"\nresearcher's answer: {result.answer}")
-    print(f"({result.stop_reason}: {result.steps} steps, {result.tool_calls} tool calls)\n")
-    print("What travelled through the inboxes:")
+            local, remote = local[:1], ["writer"]
+        try:
+            async with (
+                Team(mail, local, agent_dir=team_dir / "agents", remote=remote) as team,
+                anyio.create_task_group() as tg,
+            ):
+                if live:
+                    tg.start_soon(live_view, team)
+                try:
+                    result = await team.ask("researcher", TASK, timeout=ASK_TIMEOUT)
+                except TeamrtError as exc:  # no answer in time, or an error answer
+                    failure = f"the researcher gave no result: {exc}"
+                tg.cancel_scope.cancel()
+        finally:
+            if child is not None:
+                code = await _stop(child)
+    if result is not None:
+        print(f"\nresearcher's answer: {result.answer}")
+    print()
+    found = real.print_reports(team_dir, ["researcher", "writer"])
+    _print_timeline(team_dir)
+    document = _scratch() / DOCUMENT
+    if document.exists():
+        print(f"\nThe writer wrote {document} ({len(document.read_text().split())} words).")
+    print(f"Inbox files: {team_dir / 'inboxes'}; transcripts: {team_dir / 'agents'}")
+    command = _command()
+    print(f"Look at the team:  {command} inspect {team_dir}")
+    print(f"Replay the run:    {command} replay {team_dir}   (--format html -o run.html: a page)")
+    failure = failure or real.first_failure(found, ["researcher", "writer"])
+    if failure is None and code != 0:
+        failure = f"the writer's process exited with code {code}"
+    if failure is None and not document.exists():
+        failure = _why_no_document(found)
+    return real.fail(failure) if failure is not None else 0
+
+
+async def _start_writer(team_dir: Path, model: str) -> anyio.abc.Process:
+    """The writer as `teamrt run-agent` in a child process, on the same model (the spec reads
+    it from TEAMRT_DEMO_MODEL)."""
+    child = await anyio.open_process(
+        [
+            sys.executable,
+            "-m",
+            "teamrt",
+            "run-agent",
+            str(team_dir),
+            "--name",
+            "writer",
+            "--spec",
+            "teamrt.demos.research_writer:writer",
+        ],
+        stdout=None,
+        stderr=None,
+        env={**os.environ, real.MODEL_VARIABLE: model},
+    )
+    print(f"lead: started the writer as process {child.pid} ({model} model)")
+    return child
+
+
+async def _stop(child: anyio.abc.Process) -> int:
+    """Wait for the writer's process (the team sent it a shutdown request); kill it if it
+    does not stop."""
+    with anyio.move_on_after(30):
+        code = await child.wait()
+        print(f"lead: the writer's process exited with code {code}")
+        return code
+    child.kill()
+    await child.wait()
+    print("lead: the writer's process did not stop within 30 s, and was killed")
+    return -9
+
+
+def _print_timeline(team_dir: Path) -> None:
+    print("\nWhat travelled through the inboxes:")
     start = None
     for e in timeline(team_dir):  # teamrt.replay: every inbox, merged by send time
         start = start if start is not None else e.ts
@@ -222,10 +296,13 @@ async def run(
             f"  +{(e.ts - start) * 1000:7.1f} ms  {e.sender:>10} -> {e.recipient:<10} "
             f"{e.kind:9} {e.type:15} {_preview(e.body)}"
         )
-    document = _scratch() / "agent-loop.md"
-    print(f"\nThe writer wrote {document} ({len(document.read_text().split())} words).")
-    print(f"Inbox files: {team_dir / 'inboxes'}; transcripts: {team_dir / 'agents'}")
-    command = _command()
-    print(f"Look at the team:  {command} inspect {team_dir}")
-    print(f"Replay the run:    {command} replay {team_dir}   (--format html -o run.html: a page)")
-    return 0 if result.stop_reason == "answer" else 1
+
+
+def _why_no_document(found: dict[str, list[TaskResult]]) -> str:
+    written = sorted(p.name for p in _scratch().glob("*.md")) if _scratch().exists() else []
+    also = f" (it wrote {', '.join(written)})" if written else ""
+    if not found.get("writer"):
+        return (
+            f"the writer never wrote {DOCUMENT}: the researcher answered without asking the writer"
+        )
+    return f"the writer answered but never wrote {DOCUMENT}{also}"

@@ -1,0 +1,204 @@
+"""Every demo with `--model openai`, over real HTTP, against a server the tests start on
+127.0.0.1 whose answers come from the demos' own offline brains (tests/brain_server.py).
+
+The demos run as the user runs them (`python -m teamrt demo ...`, child processes included), so
+what is checked is what a user sees: every agent's stop report on standard output, and for a
+run that cannot start or stopped early one line on standard error and no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from teamrt.demos import research_writer
+from teamrt.demos.research_writer import RESEARCHER, WRITER
+from teamrt.models import ChatMessage, ToolSpec
+from tests.brain_server import Brain, BrainServer, Refuse
+
+RESEARCH_ROUTES = [
+    (RESEARCHER, research_writer.researcher_brain),
+    (WRITER, research_writer.writer_brain),
+]
+
+
+def demo(
+    tmp_path: Path, name: str, *extra: str, **env: str | None
+) -> subprocess.CompletedProcess[str]:
+    """`teamrt demo NAME --model openai` in a child process, with model requests allowed there
+    and `env` over the environment (None removes a variable)."""
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith("OPENAI_") and "PROXY" not in k
+    }
+    environment |= {
+        "TEAMRT_ALLOW_MODEL_REQUESTS": "1",
+        "TEAMRT_DEMO_SCRATCH": str(tmp_path / "scratch"),
+        "OPENAI_MODEL": "brain",
+    }
+    for key, value in env.items():
+        if value is None:
+            environment.pop(key, None)
+        else:
+            environment[key] = value
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "teamrt",
+            "demo",
+            name,
+            "--model",
+            "openai",
+            "--dir",
+            "boxes",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=environment,
+        check=False,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The run's error: exactly one line on standard error, no traceback."""
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("teamrt demo: ")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def brains() -> Iterator[BrainServer]:
+    with BrainServer(RESEARCH_ROUTES) as server:
+        yield server
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- research-writer and two-process --------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["research-writer", "two-process"])
+def test_research_writer_on_a_keyless_server(
+    tmp_path: Path, brains: BrainServer, name: str
+) -> None:
+    result = demo(tmp_path, name, OPENAI_BASE_URL=brains.url)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    document = (tmp_path / "scratch" / "agent-loop.md").read_text()
+    for heading in ("## Limits", "## Memory", "## The loop"):
+        assert heading in document
+    # both agents (the writer in its own process too) asked the server, with no key sent
+    assert brains.calls[RESEARCHER] == 4 and brains.calls[WRITER] == 2
+    assert brains.models == {"brain"} and brains.authorization == {None}
+    assert "Stop reports:" in result.stdout
+    assert "  researcher   answer (4 steps, 5 tool calls" in result.stdout
+    assert "  writer       answer (2 steps, 1 tool calls" in result.stdout
+    assert "cost unknown" in result.stdout  # "brain" has no price
+    if name == "two-process":
+        assert "started the writer as process" in result.stdout
+        assert "(openai model)" in result.stdout
+        assert "the writer's process exited with code 0" in result.stdout
+
+
+def test_prices_from_the_environment(tmp_path: Path, brains: BrainServer) -> None:
+    result = demo(
+        tmp_path,
+        "two-process",
+        OPENAI_BASE_URL=brains.url,
+        OPENAI_API_KEY="sk-test",
+        TEAMRT_PRICES='{"brain": [1000, 2000]}',
+    )
+    assert result.returncode == 0, result.stderr
+    assert brains.authorization == {"Bearer sk-test"}
+    costs = [ln for ln in result.stdout.splitlines() if "tokens, $" in ln]
+    assert len(costs) == 2  # the researcher here, the writer in its process, both priced
+    assert "cost unknown" not in result.stdout
+
+
+def test_a_refused_key_is_one_line(tmp_path: Path) -> None:
+    with BrainServer(RESEARCH_ROUTES, status=401) as server:
+        result = demo(tmp_path, "research-writer", OPENAI_BASE_URL=server.url, OPENAI_API_KEY="x")
+    assert result.returncode == 1
+    line = one_line_error(result)
+    assert line.startswith("teamrt demo: researcher stopped early (model_error): brain at")
+    assert "HTTP 401: refused by the test server (401)" in line
+    assert "  researcher   model_error (0 steps" in result.stdout
+    assert "  writer       never given a task" in result.stdout
+
+
+def test_a_model_error_in_the_writers_process(tmp_path: Path) -> None:
+    def broken_writer(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        raise Refuse(400, "this model cannot write")
+
+    routes: list[tuple[str, Brain]] = [
+        (RESEARCHER, research_writer.researcher_brain),
+        (WRITER, broken_writer),
+    ]
+    with BrainServer(routes) as server:
+        result = demo(tmp_path, "two-process", OPENAI_BASE_URL=server.url)
+    assert result.returncode == 1
+    line = one_line_error(result)
+    assert line.startswith("teamrt demo: writer stopped early (model_error)")
+    assert "HTTP 400: this model cannot write" in line
+    assert "  writer       model_error (0 steps" in result.stdout
+    assert "The writer stopped early (model_error)" in result.stdout  # the researcher's answer
+    assert not (tmp_path / "scratch" / "agent-loop.md").exists()
+
+
+def test_a_model_that_answers_without_delegating(tmp_path: Path) -> None:
+    with BrainServer(RESEARCH_ROUTES, mute=True) as server:
+        result = demo(tmp_path, "research-writer", OPENAI_BASE_URL=server.url)
+    assert result.returncode == 1
+    line = one_line_error(result)
+    assert line == (
+        "teamrt demo: the writer never wrote agent-loop.md: the researcher answered without "
+        "asking the writer"
+    )
+    assert "researcher's answer: I looked into it." in result.stdout
+    assert "  researcher   answer (1 steps, 0 tool calls" in result.stdout
+    assert "  writer       never given a task" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["research-writer", "two-process", "service", "conductor"])
+def test_an_unreachable_server_is_one_line(tmp_path: Path, name: str) -> None:
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    result = demo(tmp_path, name, OPENAI_BASE_URL=url)
+    assert result.returncode == 1
+    line = one_line_error(result)
+    assert line.startswith(f"teamrt demo: cannot reach the model server at {url}: ")
+    assert "refused" in line.lower()
+    assert not (tmp_path / "boxes").exists()  # nothing started
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"OPENAI_MODEL": None}, "--model openai needs OPENAI_MODEL"),
+        ({}, "--model openai needs OPENAI_API_KEY (or, for a local server"),
+        ({"TEAMRT_PRICES": "{nope"}, "TEAMRT_PRICES must be a JSON object"),
+        ({"TEAMRT_ALLOW_MODEL_REQUESTS": "0"}, "real model requests are switched off"),
+    ],
+)
+def test_a_missing_variable_is_one_line(
+    tmp_path: Path, env: dict[str, str | None], says: str
+) -> None:
+    if "TEAMRT_ALLOW_MODEL_REQUESTS" in env:
+        env = {**env, "OPENAI_API_KEY": "x"}
+    result = demo(tmp_path, "two-process", **env)
+    assert result.returncode == 1
+    assert says in one_line_error(result)
+    assert not (tmp_path / "boxes").exists()
