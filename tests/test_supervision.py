@@ -89,11 +89,12 @@ async def test_shutdown_during_a_restart_backoff_completes_within_its_deadline()
 
 
 async def test_a_thread_tool_is_abandoned_at_the_agent_deadline_and_at_shutdown() -> None:
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
 
     @tool(thread=True)
     def block() -> str:
         """Blocks a thread until released."""
+        entered.set()
         release.wait(30)
         return "late"
 
@@ -108,10 +109,10 @@ async def test_a_thread_tool_is_abandoned_at_the_agent_deadline_and_at_shutdown(
             team = Team(mail, [stuck], shutdown_deadline=0.2)
             with anyio.fail_after(5):
                 async with team:
+                    entered.clear()
                     await mail.send(Envelope.request("lead", "stuck", "block", type="task"))
-                    while team.status["stuck"].state != "working":  # noqa: ASYNC110 -- a peek
+                    while not entered.is_set():  # noqa: ASYNC110 -- a thread sets it
                         await anyio.sleep(0.001)
-                    await anyio.sleep(0.05)
             assert team.status["stuck"].last == "cancelled at the shutdown deadline"
     finally:
         release.set()

@@ -37,12 +37,13 @@ async def test_wait_for_messages_never_cuts_mail_it_acks() -> None:
     must reach the model whole. The tool's result is capped at 8,000 characters: a batch of
     big messages is cut, and the messages past the cut are acked without the model seeing them."""
     bodies = [f"m{i}:" + "x" * 3000 for i in range(5)]
-    arrived = anyio.Event()
+    arrived, paused = anyio.Event(), anyio.Event()
     seen: list[str] = []
 
     @tool(sequential=True)
     async def pause() -> str:
         """Let the mail arrive."""
+        paused.set()
         await arrived.wait()
         return "paused"
 
@@ -62,8 +63,7 @@ async def test_wait_for_messages_never_cuts_mail_it_acks() -> None:
                     await team.ask("w", "wait for the notes", timeout=10)
 
                 tg.start_soon(ask)
-                while team.status["w"].state != "working":  # noqa: ASYNC110 -- a peek
-                    await anyio.sleep(0.001)
+                await paused.wait()  # the mail comes while the model's calls run, not before
                 await mail.send_many([Envelope.message("lead", "w", b) for b in bodies])
                 await anyio.sleep(0.05)  # the desk reads all five
                 arrived.set()

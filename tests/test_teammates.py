@@ -147,6 +147,7 @@ async def test_mail_that_does_not_wake_waits_for_the_next_task_and_survives_a_re
 
 async def test_a_task_sent_during_wait_for_messages_is_queued_and_answered() -> None:
     waited: list[str] = []
+    waiting = anyio.Event()
 
     def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
         task = newest_task(messages)
@@ -155,6 +156,7 @@ async def test_a_task_sent_during_wait_for_messages_is_queued_and_answered() -> 
         if messages[-1].role == "tool":
             waited.append(messages[-1].content or "")
             return "first done"
+        waiting.set()  # from here on, mail reaches the wait, not the next step boundary
         return call("wait_for_messages", timeout=10)
 
     results: dict[str, str | None] = {}
@@ -171,6 +173,7 @@ async def test_a_task_sent_during_wait_for_messages_is_queued_and_answered() -> 
                 tg.start_soon(ask, "first")
                 while team.status["w"].state != "working":  # noqa: ASYNC110 -- a peek
                     await anyio.sleep(0.001)
+                await waiting.wait()
                 tg.start_soon(ask, "second")
                 while team.status["w"].queued == 0:  # noqa: ASYNC110 -- a peek
                     await anyio.sleep(0.001)
