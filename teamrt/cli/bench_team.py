@@ -13,9 +13,17 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from teamrt.agents import Agent, tool
+from teamrt.agents import Agent, AgentEvent, Limits, tool
 from teamrt.mail.mailboxes import FileMailboxes
-from teamrt.models import ChatMessage, FunctionModel, ScriptedModel, ToolSpec, call, calls
+from teamrt.models import (
+    ChatMessage,
+    FunctionModel,
+    ModelReply,
+    ScriptedModel,
+    ToolSpec,
+    call,
+    calls,
+)
 from teamrt.team import Team, Teammate
 
 if TYPE_CHECKING:
@@ -32,6 +40,7 @@ async def team_figures(bench: Bench) -> None:
     quick = not smoke and bench.sizes.depth_large < 1_000_000
     await service_load(bench, smoke=smoke)
     await parallel_tools(bench, smoke=smoke)
+    await streamed_steps(bench, steps=200 if smoke else 2_000)
     # the in-process caches (recent ids, answered requests) fill up over the first ~4,000
     # asks: the first measurement comes after that
     asks, early = (1_000, 500) if smoke else (20_000, 10_000) if quick else (100_000, 10_000)
@@ -134,6 +143,53 @@ async def parallel_tools(bench: Bench, *, smoke: bool) -> None:
             one_by_one * 1000,
             f"<= {3 * seconds * 1000:g} ms",
             parallel <= 3 * seconds,
+        )
+    )
+
+
+async def streamed_steps(bench: Bench, *, steps: int) -> None:
+    """An agent step whose reply is streamed to a listener (text in pieces, events for each
+    tool call and result) beside the same step not streamed."""
+    from teamrt.cli.bench import Figure
+
+    async def per_step(streamed: bool) -> float:
+        count = 0
+
+        def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply:
+            nonlocal count
+            count += 1
+            if count >= steps:
+                return ModelReply(text="done: " + "word " * 40)
+            return call("fetch", i=count).model_copy(update={"text": "thinking " * 10})
+
+        @tool
+        def fetch(i: int) -> int:
+            """Fetch a number."""
+            return i
+
+        async def listen(event: AgentEvent) -> None:
+            pass
+
+        agent = Agent(
+            "streamer",
+            FunctionModel(brain),
+            tools=[fetch],
+            limits=Limits(max_steps=steps + 1, max_tool_calls=steps + 1),
+            on_event=listen if streamed else None,
+        )
+        start = time.perf_counter()
+        report = await agent.run("go")
+        assert report.ok, report.summary()
+        return (time.perf_counter() - start) / steps * 1e6
+
+    plain, streamed = await per_step(False), await per_step(True)
+    bench.add(
+        Figure(
+            "agent step, reply streamed to a listener",
+            streamed,
+            "us",
+            "the same step, not streamed",
+            plain,
         )
     )
 
