@@ -216,3 +216,35 @@ async def test_an_undeclared_remote_member_is_refused() -> None:
                 pass
         async with Team(mail, [], remote=["writer"]):
             pass
+
+
+async def test_a_crash_and_a_cancellation_are_recorded_in_the_agents_journal(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+        if _newest(messages) == "crash":
+            raise RuntimeError("the model client broke")
+        return call("hang") if _newest(messages) == "hang" else "fine"
+
+    @tool
+    async def hang() -> str:
+        """Never returns."""
+        await anyio.sleep_forever()
+        return "never"
+
+    agents = tmp_path / "agents"
+    policy = RestartPolicy(on_failure=True, backoff=0.01, task_attempts=1)
+    async with MemoryMailboxes() as mail:
+        worker = Teammate("w", FunctionModel(brain), tools=[hang], restart=policy)
+        async with Team(mail, [worker], agent_dir=agents, shutdown_deadline=0.2) as team:
+            with pytest.raises(RemoteError):
+                await team.ask("w", "crash", timeout=5)
+            await mail.send(Envelope.request("lead", "w", "hang", type="task"))
+            while team.status["w"].state != "working":  # noqa: ASYNC110 -- a peek
+                await anyio.sleep(0.001)
+    kinds = [json.loads(line)["t"] for line in (agents / "w.state.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (agents / "w.state.jsonl").read_text().splitlines()]
+    assert "cancel" in kinds
+    assert any(r["t"] == "cancel" and "shutdown deadline" in r["detail"] for r in lines)

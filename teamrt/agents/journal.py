@@ -191,10 +191,18 @@ class Journal:
             self.path,
             {
                 "t": "stop",
+                "ts": time.time(),
                 "stop": state.stop.model_dump(),
                 "scalars": state.model_dump(include=_SCALARS),
             },
         )
+
+    def incident(self, kind: str, detail: str) -> None:
+        """Record what ended an incarnation from outside the loop (`crash`: an exception;
+        `cancel`: stopped by the team, at a shutdown deadline or as hung), so that the agent's
+        files say what happened; replaying the journal skips these lines."""
+        if self.path.exists():
+            _append_line(self.path, {"t": kind, "ts": time.time(), "detail": detail})
 
     def load(self) -> AgentState | None:
         """The state as of the last complete line, or None if there is no journal.

@@ -12,6 +12,7 @@ incarnation finds it in its journal and resumes it from its last completed step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool, tool
 from teamrt.envelopes import Envelope, Request, new_id
-from teamrt.errors import StopRequested
+from teamrt.errors import StopRequested, StoreError
 from teamrt.models.base import ChatMessage, Model, TextDelta, Usage
 from teamrt.team.config import MemberStatus, Teammate
 from teamrt.team.desk import Desk
@@ -367,9 +368,16 @@ class Runner:
 
     # -- the end of an incarnation --
 
+    def record(self, kind: str, detail: str) -> None:
+        """Put a crash or a cancellation in the agent's journal (when it has one)."""
+        if self.journal_path is not None:
+            with contextlib.suppress(StoreError):  # the report must go out even on a full disk
+                Journal(self.journal_path).incident(kind, detail)
+
     async def report_crash(self, exc: Exception, restarting: bool) -> None:
         error = f"{type(exc).__name__}: {exc}"
         self.status.last = f"crashed: {error}"
+        self.record("cancel" if self.cancelled is not None else "crash", error)
         with anyio.CancelScope(shield=True):
             current, round_id = self.current, self._round_id
             given_up = self.cancelled is not None  # a hung task is not resumed

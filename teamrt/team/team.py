@@ -419,6 +419,8 @@ class Team:
         for name, scope in list(self._scopes.items()):
             if self.status[name].state not in ("stopped", "crashed"):
                 self.status[name].last = "cancelled at the shutdown deadline"
+                if (runner := self._runners.get(name)) is not None:
+                    runner.record("cancel", self.status[name].last)
                 scope.cancel()
 
     def enforce_deadline(self, member: str, shutdown: Request) -> None:
@@ -433,6 +435,8 @@ class Team:
         status, scope = self.status[member], self._scopes.get(member)
         if scope is not None and status.state not in ("stopped", "crashed"):
             status.last = "cancelled at the shutdown deadline"
+            if (runner := self._runners.get(member)) is not None:
+                runner.record("cancel", status.last)
             scope.cancel()
 
     async def wait(self) -> None:
