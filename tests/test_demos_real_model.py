@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from teamrt.demos import research_writer
+from teamrt.conductor.planner import PLAN_PROMPT
+from teamrt.demos import conductor, research_writer
 from teamrt.demos.research_writer import RESEARCHER, WRITER
 from teamrt.models import ChatMessage, ToolSpec
 from tests.brain_server import Brain, BrainServer, Refuse
@@ -202,3 +203,104 @@ def test_a_missing_variable_is_one_line(
     assert result.returncode == 1
     assert says in one_line_error(result)
     assert not (tmp_path / "boxes").exists()
+
+
+# --- service --------------------------------------------------------------------------------
+
+
+def test_service_on_a_keyless_server(tmp_path: Path, brains: BrainServer) -> None:
+    result = demo(tmp_path, "service", OPENAI_BASE_URL=brains.url)
+    assert result.returncode == 0, result.stderr
+    assert "200 {'answer': 'Findings sent to the writer, who reports: Done: wrote" in result.stdout
+    assert brains.calls[RESEARCHER] == 4 and brains.calls[WRITER] == 2
+    reports = result.stdout.split("Stop reports:")[1]
+    assert reports.count("answer (") == 2 and reports.count("never given a task") == 2
+    assert (tmp_path / "scratch" / "agent-loop.md").exists()
+
+
+def test_service_with_a_refused_key(tmp_path: Path) -> None:
+    with BrainServer(RESEARCH_ROUTES, status=401) as server:
+        result = demo(tmp_path, "service", OPENAI_BASE_URL=server.url, OPENAI_API_KEY="x")
+    assert result.returncode == 1
+    assert "\n502 {" in result.stdout  # the app says the task stopped without an answer
+    line = one_line_error(result)
+    assert line.startswith("teamrt demo: researcher-")
+    assert "stopped early (model_error): brain at" in line and "HTTP 401" in line
+
+
+def test_service_with_a_model_that_does_not_delegate(tmp_path: Path) -> None:
+    with BrainServer(RESEARCH_ROUTES, mute=True) as server:
+        result = demo(tmp_path, "service", OPENAI_BASE_URL=server.url)
+    assert result.returncode == 1
+    assert one_line_error(result) == (
+        "teamrt demo: no writer wrote agent-loop.md: the researcher answered without asking "
+        "a writer"
+    )
+
+
+# --- conductor ------------------------------------------------------------------------------
+
+PLANNER = PLAN_PROMPT.splitlines()[0]
+CONDUCTOR_ROUTES: list[tuple[str, Brain]] = [
+    (PLANNER, conductor.planner_brain),
+    (conductor.BUILDER, conductor.builder_brain),
+]
+
+
+def test_conductor_on_a_keyless_server(tmp_path: Path) -> None:
+    with BrainServer(CONDUCTOR_ROUTES) as server:
+        result = demo(tmp_path, "conductor", OPENAI_BASE_URL=server.url)
+    assert result.returncode == 0, result.stderr
+    assert "outcome: accepted" in result.stdout
+    assert "conductor  plan         3 subtasks" in result.stdout
+    # the planner and both builders asked the server: 4 tasks of 2 calls each
+    assert server.calls[PLANNER] == 1 and server.calls[conductor.BUILDER] == 8
+    reports = result.stdout.split("Stop reports:")[1]
+    assert reports.count("builder-1    answer (2 steps, 1 tool calls") >= 1
+    assert reports.count("builder-2    answer (2 steps, 1 tool calls") >= 1
+
+
+def test_conductor_with_a_refused_key(tmp_path: Path) -> None:
+    with BrainServer(CONDUCTOR_ROUTES, status=401) as server:
+        result = demo(tmp_path, "conductor", OPENAI_BASE_URL=server.url, OPENAI_API_KEY="x")
+    assert result.returncode == 1
+    line = one_line_error(result)
+    assert line.startswith("teamrt demo: the conductor stopped: brain at")
+    assert "HTTP 401" in line
+    assert "  builder-1    never given a task" in result.stdout
+
+
+def test_conductor_with_a_planner_that_answers_without_a_plan(tmp_path: Path) -> None:
+    with BrainServer(CONDUCTOR_ROUTES, mute=True) as server:
+        result = demo(tmp_path, "conductor", OPENAI_BASE_URL=server.url)
+    assert result.returncode == 1
+    assert one_line_error(result).startswith("teamrt demo: the conductor stopped: not a plan: ")
+    assert server.calls[PLANNER] == 2  # one repair attempt
+
+
+def test_conductor_with_a_builder_model_error(tmp_path: Path) -> None:
+    def broken(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        raise Refuse(400, "this model cannot build")
+
+    with BrainServer([CONDUCTOR_ROUTES[0], (conductor.BUILDER, broken)]) as server:
+        result = demo(tmp_path, "conductor", OPENAI_BASE_URL=server.url)
+    assert result.returncode == 1
+    line = one_line_error(result)
+    assert line.startswith("teamrt demo: builder-")
+    assert "stopped early (model_error): brain at" in line
+    assert "HTTP 400: this model cannot build" in line
+    assert "outcome: stopped by the demo" in result.stdout  # at the first model error
+    assert result.stdout.count("model_error (0 steps") <= 2  # not round after round
+    assert "ESCALATION" not in result.stderr
+
+
+def test_conductor_with_builders_that_never_write(tmp_path: Path) -> None:
+    def idle(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        return "I wrote it."
+
+    with BrainServer([CONDUCTOR_ROUTES[0], (conductor.BUILDER, idle)]) as server:
+        result = demo(tmp_path, "conductor", OPENAI_BASE_URL=server.url)
+    assert result.returncode == 1
+    line = one_line_error(result)
+    assert line.startswith("teamrt demo: subtask ")
+    assert "was escalated to a human: it failed 3 rounds (round cap 3)" in line

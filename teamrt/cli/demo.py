@@ -87,27 +87,45 @@ async def lead(root: Path) -> int:
     return code
 
 
-async def service_demo(root: Path) -> int:
+async def service_demo(root: Path, model: str = "offline") -> int:
     """The service demo without a server: the app's lifespan starts the team, and one request
     goes through the app over an in-memory ASGI transport."""
     try:
         import httpx
 
-        from teamrt.demos.service import app
+        from teamrt.demos.service import create_app, demo_team
     except ImportError as exc:
         raise SystemExit(
             f"the service demo needs the service extra: pip install 'teamrt[service]' ({exc})"
         ) from None
-    os.environ.setdefault("TEAMRT_SERVICE_DIR", str(root / "service"))
+    from teamrt.demos import real
+    from teamrt.demos.research_writer import DOCUMENT, scratch_dir
+
+    await real.check_environment(model)
+    directory = Path(os.environ.get("TEAMRT_SERVICE_DIR", root / "service"))
+    if directory.exists():
+        shutil.rmtree(directory)  # the demo's own team from an earlier run
+    (scratch_dir() / DOCUMENT).unlink(missing_ok=True)  # and the writer's document
+    app = create_app(lambda: demo_team(model), directory=lambda: directory)
     async with app.router.lifespan_context(app):
+        members = list(app.state.team.teammates)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://teamrt") as client:
             print('POST /ask {"question": "Research the agent loop."}')
-            response = await client.post("/ask", json={"question": "Research the agent loop."})
-            print(f"{response.status_code} {response.json()}")
+            response = await client.post(
+                "/ask", json={"question": "Research the agent loop.", "timeout": 300}
+            )
+            body = response.json()
+            print(f"{response.status_code} {body}")
             print(f"GET /status -> {(await client.get('/status')).json()}")
-    print("the app stopped, and its team shut down with it")
-    return 0 if response.status_code == 200 else 1
+    print("the app stopped, and its team shut down with it\n")
+    found = real.print_reports(directory / "team", members)
+    failure = real.first_failure(found, members)
+    if failure is None and response.status_code != 200:
+        failure = f"POST /ask answered {response.status_code}: {body.get('error')}"
+    if failure is None and not (scratch_dir() / DOCUMENT).exists():
+        failure = f"no writer wrote {DOCUMENT}: the researcher answered without asking a writer"
+    return real.fail(failure) if failure is not None else 0
 
 
 def run_demo(name: str, *, directory: str, model: str = "offline") -> int:
@@ -122,9 +140,9 @@ def run_demo(name: str, *, directory: str, model: str = "offline") -> int:
     if name == "conductor":
         from teamrt.demos import conductor
 
-        return int(anyio.run(conductor.run, Path(directory)))
+        return int(anyio.run(conductor.run, Path(directory), model))
     if name == "service":
-        return int(anyio.run(service_demo, Path(directory)))
+        return int(anyio.run(service_demo, Path(directory), model))
     if name == "exchange":
         return int(anyio.run(lead, Path(directory)))
     raise SystemExit(f"unknown demo {name!r}")

@@ -1,24 +1,37 @@
-"""The conductor demo: scripted workers make a small real Python package pass its pytest checks.
+"""The conductor demo: builders make a small real Python package pass its pytest checks.
 
-The goal comes with its checks (the tests are written first); two builder teammates write the
-package's files through a tool; the conductor runs each subtask's check itself, sends a failing
-piece back with the output (the `mul` builder gets it wrong the first time), checks the seams
-after each accepted piece, and runs the acceptance test at the end. Everything is real: files,
-pytest runs, inbox files; only the builders' models are scripted.
+The goal comes with its checks (the tests are written first); a planner model breaks it into
+subtasks with checks; two builder teammates write the package's files through a tool; the
+conductor runs each subtask's check itself, sends a failing piece back with the output (the
+offline `mul` builder gets it wrong the first time), checks the seams after each accepted piece,
+and runs the acceptance test at the end. Everything is real: files, pytest runs, inbox files.
+Offline the planner and the builders are functions; `model="openai"` puts all of them on
+`OpenAIModel` (see `teamrt.demos.real`).
+
+A run that is not accepted ends with every builder's stop reports and one line saying why: a
+builder's model error, the planner's, a subtask escalated to a human (the demo stops there
+rather than wait for an answer), or the conductor's outcome.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
+import anyio
+
 from teamrt.agents import tool
-from teamrt.conductor import Conductor, Decision, Plan, Policy, Subtask
+from teamrt.conductor import Conductor, ConductorState, Decision, Plan, Policy, Subtask
+from teamrt.demos import real
+from teamrt.errors import TeamrtError
 from teamrt.mail import FileMailboxes
-from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
-from teamrt.team import Team, Teammate
+from teamrt.models import ChatMessage, ModelReply, ToolSpec, call
+from teamrt.team import IDLE, IdleBody, Team, Teammate
 
 PYTEST = f"{sys.executable} -m pytest -q -p no:cacheprovider"
 
@@ -78,7 +91,58 @@ def plan() -> Plan:
     )
 
 
-def builders(workdir: Path) -> list[Teammate]:
+GOAL = (
+    "Make the Python package `calc` in the work directory pass its tests, which are already "
+    "written: tests/test_add.py (calc/add.py: add(a, b)), tests/test_mul.py (calc/mul.py: "
+    "mul(a, b)), tests/test_cli.py (calc/__main__.py: `python -m calc A B` prints "
+    "'sum S, product P') and acceptance_test.py. Each check must be exactly "
+    f"`{PYTEST} <test file>` (no other command may run); the acceptance check is "
+    f"`{PYTEST} acceptance_test.py`."
+)
+BUILDER = (
+    "You build pieces of a small Python package. Read what you need with list_files and "
+    "read_file (the tests say what the code must do), write each file with write_file (a path "
+    "relative to the work directory), then answer in one line with what you wrote."
+)
+BUILDERS = ("builder-1", "builder-2")
+
+
+def planner_brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+    """The offline planner: the plan above, as the JSON a planner model answers with."""
+    return json.dumps(plan().model_dump(mode="json"))
+
+
+def builder_brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+    """The offline builder: writes the piece its newest subtask names (`mul` wrong at first)."""
+    if messages[-1].role == "tool":
+        return f"done: {messages[-1].content}"
+    # the newest task: a builder keeps its context from one subtask to the next
+    task = next((m.content or "" for m in reversed(messages) if m.role == "user"), "")
+    subtask = task.split(":", 1)[0].removeprefix("Subtask ").strip()
+    path, source = SOURCES[subtask]
+    if subtask == "mul" and "failed" not in task:
+        source = BUGGY_MUL  # the first attempt is wrong; the check will say so
+    return call("write_file", path=path, content=source)
+
+
+def builders(workdir: Path, model: str = "offline") -> list[Teammate]:
+    @tool
+    def list_files() -> list[str]:
+        """The files of the work directory (paths relative to it)."""
+        return sorted(
+            str(p.relative_to(workdir))
+            for p in workdir.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and "conductor" not in p.parts
+        )
+
+    @tool
+    def read_file(path: str) -> str:
+        """The text of a file of the work directory."""
+        target = (workdir / path).resolve()
+        if workdir.resolve() not in target.parents or not target.is_file():
+            raise FileNotFoundError(f"no file {path!r} in the work directory")
+        return target.read_text()
+
     @tool
     def write_file(path: str, content: str) -> str:
         """Write a file of the package (a path relative to the work directory)."""
@@ -89,20 +153,16 @@ def builders(workdir: Path) -> list[Teammate]:
         target.write_text(content)
         return f"wrote {path}"
 
-    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
-        if messages[-1].role == "tool":
-            return f"done: {messages[-1].content}"
-        # the newest task: a builder keeps its context from one subtask to the next
-        task = next((m.content or "" for m in reversed(messages) if m.role == "user"), "")
-        subtask = task.split(":", 1)[0].removeprefix("Subtask ").strip()
-        path, source = SOURCES[subtask]
-        if subtask == "mul" and "failed" not in task:
-            source = BUGGY_MUL  # the first attempt is wrong; the check will say so
-        return call("write_file", path=path, content=source)
-
+    prices = real.prices()
     return [
-        Teammate(name, FunctionModel(brain, name="builder"), tools=[write_file])
-        for name in ("builder-1", "builder-2")
+        Teammate(
+            name,
+            lambda: real.make_model(model, builder_brain, "builder"),
+            instructions=BUILDER,
+            tools=[list_files, read_file, write_file],
+            prices=prices,
+        )
+        for name in BUILDERS
     ]
 
 
@@ -120,9 +180,13 @@ def _show(decision: Decision) -> None:
     )
 
 
-async def run(root: Path) -> int:
+async def run(root: Path, model: str = "offline") -> int:
+    """Run the demo: 0 when the acceptance check passed; otherwise 1, after the stop reports
+    and one line saying why."""
+    await real.check_environment(model)
     workdir = root / "conductor-work"
     team_dir = root / "conductor-team"
+    state_path = team_dir / "conductor" / "state.json"
     for directory in (workdir, team_dir):
         if directory.exists():
             shutil.rmtree(directory)  # the demo's own files from an earlier run
@@ -130,25 +194,89 @@ async def run(root: Path) -> int:
         (workdir / path).parent.mkdir(parents=True, exist_ok=True)
         (workdir / path).write_text(text)
     print(f"goal: make the calc package in {workdir} pass its tests\n")
-    async with (
-        FileMailboxes(team_dir) as mail,
-        Team(mail, builders(workdir), agent_dir=team_dir / "agents") as team,
-    ):
-        conductor = Conductor(
-            team,
-            "calc passes its tests",
-            plan=plan(),
-            workdir=workdir,
-            policy=Policy.prefixes(f"{sys.executable} -m pytest"),
-            state_path=team_dir / "conductor" / "state.json",
-            on_decision=_show,
-        )
-        state = await conductor.run()
-    print(f"\noutcome: {state.outcome} after {state.step} steps")
-    failed = [d for d in state.decisions if d.evidence is not None and not d.evidence.passed]
-    for d in failed:
-        tail = " ".join(d.evidence.tail.split())[-160:] if d.evidence else ""
-        print(f"evidence for step {d.step} ({d.subtask}): {tail}")
-    print(f"\ndecisions with evidence: {team_dir / 'conductor' / 'state.json'}")
+    planner = real.make_model(model, planner_brain, "planner")
+    state: ConductorState | None = None
+    stopped: list[str] = []  # why the demo stopped the conductor, if it did
+    try:
+        async with (
+            FileMailboxes(team_dir) as mail,
+            Team(mail, builders(workdir, model), agent_dir=team_dir / "agents") as team,
+        ):
+            with _quiet_escalations(), anyio.CancelScope() as scope:
+
+                def stop(why: str) -> None:
+                    stopped.append(why)
+                    scope.cancel()
+
+                def show(decision: Decision) -> None:
+                    _show(decision)
+                    if decision.action == "escalate":  # nobody is there to answer: stop
+                        stop(
+                            f"subtask {decision.subtask} was escalated to a human: "
+                            + decision.detail.split(";")[0]
+                        )
+
+                conductor = Conductor(
+                    team,
+                    GOAL,
+                    planner=planner,
+                    workdir=workdir,
+                    policy=Policy.prefixes(f"{sys.executable} -m pytest"),
+                    state_path=state_path,
+                    on_decision=show,
+                )
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_watch_models, team, stop)
+                    try:
+                        state = await conductor.run()
+                    except TeamrtError as exc:  # the planner's model error, or no valid plan
+                        stop(f"the conductor stopped: {exc}")
+                    tg.cancel_scope.cancel()
+    finally:
+        if hasattr(planner, "aclose"):
+            await planner.aclose()
+    state = state or ConductorState.load(state_path)
+    if state is not None:
+        print(f"\noutcome: {state.outcome or 'stopped by the demo'} after {state.step} steps")
+        failed = [d for d in state.decisions if d.evidence is not None and not d.evidence.passed]
+        for d in failed:
+            tail = " ".join(d.evidence.tail.split())[-160:] if d.evidence else ""
+            print(f"evidence for step {d.step} ({d.subtask}): {tail}")
+    print()
+    found = real.print_reports(team_dir, BUILDERS)
+    print(f"\ndecisions with evidence: {state_path}")
     print(f"replay the team:        teamrt replay {team_dir}")
-    return 0 if state.outcome == "accepted" else 1
+    failure = stopped[0] if stopped else real.first_failure(found, BUILDERS)
+    if failure is None and (state is None or state.outcome != "accepted"):
+        outcome = state.outcome if state is not None else "without a state"
+        failure = f"the conductor's run ended {outcome}, not accepted"
+    return real.fail(failure) if failure is not None else 0
+
+
+async def _watch_models(team: Team, stop: Callable[[str], None]) -> None:
+    """Stop at a builder whose model failed. The conductor takes a worker's empty answer for
+    an attempt and checks it, round after round; a failing model service will not get better
+    by that. (A builder says how its task ended in the idle notice it sends the lead.)"""
+    while True:
+        for envelope in list(team.notices):
+            if envelope.type != IDLE or not isinstance(envelope.body, dict):
+                continue
+            last = IdleBody.model_validate(envelope.body).last
+            if last is not None and last.stop_reason == "model_error":
+                stop(f"{envelope.sender} stopped early (model_error): {last.detail}")
+                return
+        await anyio.sleep(0.1)
+
+
+@contextmanager
+def _quiet_escalations() -> Iterator[None]:
+    """The demo says an escalation itself, and stops there: the conductor's announcement
+    (a warning on its logger, on the terminal when logging is not configured) would ask for an
+    answer that nobody will give."""
+    logger = logging.getLogger("teamrt.conductor")
+    handler = logging.NullHandler()
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)

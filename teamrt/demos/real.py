@@ -191,5 +191,5 @@ def first_failure(found: dict[str, list[TaskResult]], order: Sequence[str]) -> s
 
 def fail(message: str) -> int:
     """Print the one-line error a demo ends with; the exit code of a run that stopped early."""
-    print(f"teamrt demo: {message}", file=sys.stderr, flush=True)
+    print(f"teamrt demo: {' '.join(message.split())}", file=sys.stderr, flush=True)
     return 1

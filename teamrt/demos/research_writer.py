@@ -41,7 +41,8 @@ TASK = (
 )
 
 
-def _scratch() -> Path:
+def scratch_dir() -> Path:
+    """Where the writer writes: TEAMRT_DEMO_SCRATCH, else under mailboxes/."""
     return Path(os.environ.get("TEAMRT_DEMO_SCRATCH", "mailboxes/research-writer-scratch"))
 
 
@@ -68,7 +69,7 @@ def write_file(name: str, content: str) -> str:
     """Write a markdown file into the scratch directory."""
     if "/" in name or name.startswith(".") or not name.endswith(".md"):
         raise ValueError(f"{name!r}: write a plain .md file name")
-    scratch = _scratch()
+    scratch = scratch_dir()
     scratch.mkdir(parents=True, exist_ok=True)
     (scratch / name).write_text(content)
     return f"wrote {scratch / name} ({len(content.split())} words)"
@@ -204,7 +205,7 @@ async def run(
 
     await real.check_environment(model)
     team_dir = root / TEAM
-    for directory in (team_dir, _scratch()):
+    for directory in (team_dir, scratch_dir()):
         if directory.exists():
             shutil.rmtree(directory)  # the demo's own files from an earlier run
     local = teammates(model)
@@ -236,7 +237,7 @@ async def run(
     print()
     found = real.print_reports(team_dir, ["researcher", "writer"])
     _print_timeline(team_dir)
-    document = _scratch() / DOCUMENT
+    document = scratch_dir() / DOCUMENT
     if document.exists():
         print(f"\nThe writer wrote {document} ({len(document.read_text().split())} words).")
     print(f"Inbox files: {team_dir / 'inboxes'}; transcripts: {team_dir / 'agents'}")
@@ -299,7 +300,7 @@ def _print_timeline(team_dir: Path) -> None:
 
 
 def _why_no_document(found: dict[str, list[TaskResult]]) -> str:
-    written = sorted(p.name for p in _scratch().glob("*.md")) if _scratch().exists() else []
+    written = sorted(p.name for p in scratch_dir().glob("*.md")) if scratch_dir().exists() else []
     also = f" (it wrote {', '.join(written)})" if written else ""
     if not found.get("writer"):
         return (

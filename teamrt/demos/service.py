@@ -8,8 +8,11 @@ The team runs in the server's event loop, on file mailboxes under `TEAMRT_SERVIC
 (default `mailboxes/service`), and is shut down cleanly when the server stops. Each role is a pool
 of `TEAMRT_SERVICE_REPLICAS` teammates (default 2): a request goes to the least busy researcher,
 whose request to "writer" goes to the least busy writer. A full queue answers 503 at once, a
-request whose deadline passed before anyone could start it answers 504, never worked on.
-`create_app()` builds the same app around any teammates (the benchmark uses it).
+request whose deadline passed before anyone could start it answers 504, never worked on. A task
+that stopped without an answer (a model error, a limit) answers 502 with its stop report and
+an `error` line. `TEAMRT_SERVICE_MODEL=openai` runs the team on `OpenAIModel` (see
+`teamrt.demos.real`). `create_app()` builds the same app around any teammates (the benchmark
+uses it).
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ def create_app(
         except RemoteError as exc:
             status = {BUSY: 503, EXPIRED: 504}.get(exc.error_type, 502)
             return JSONResponse({"error": str(exc)}, status_code=status)
+        if result.stop_reason != "answer":
+            error = f"{role} stopped early ({result.stop_reason}): {result.detail}"
+            return JSONResponse({**result.model_dump(), "error": error}, status_code=502)
         return JSONResponse(result.model_dump())
 
     async def status(request: Request) -> JSONResponse:
@@ -87,12 +93,16 @@ def create_app(
     )
 
 
-def _demo_team() -> list[Teammate]:
+def demo_team(model: str | None = None) -> list[Teammate]:
+    """The researcher/writer team, each role a pool of TEAMRT_SERVICE_REPLICAS, on `model`
+    (default: TEAMRT_SERVICE_MODEL, else offline)."""
     replicas = int(os.environ.get("TEAMRT_SERVICE_REPLICAS", "2"))
-    model = os.environ.get("TEAMRT_SERVICE_MODEL", "offline")
+    model = model or os.environ.get("TEAMRT_SERVICE_MODEL", "offline")
     return [dataclasses.replace(t, replicas=replicas) for t in teammates(model)]
 
 
-app = create_app(
-    _demo_team, directory=lambda: Path(os.environ.get("TEAMRT_SERVICE_DIR", "mailboxes/service"))
-)
+def service_dir() -> Path:
+    return Path(os.environ.get("TEAMRT_SERVICE_DIR", "mailboxes/service"))
+
+
+app = create_app(demo_team, directory=service_dir)
