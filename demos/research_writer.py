@@ -1,15 +1,10 @@
-"""Run the researcher/writer demo: `python demos/research_writer.py [--model openai]`."""
+"""Run the researcher/writer demo: `python demos/research_writer.py [--model openai]`.
+
+The same as `teamrt demo research-writer [--model openai] [--dir ROOT]`, errors included (one
+line, never a traceback)."""
 
 import sys
-from pathlib import Path
 
-import anyio
+from teamrt.cli.main import main
 
-from teamrt.demos.research_writer import run
-
-model = (
-    "openai"
-    if "--model=openai" in sys.argv or sys.argv[-2:] == ["--model", "openai"]
-    else ("offline")
-)
-sys.exit(anyio.run(run, Path("mailboxes"), model))
+sys.exit(main(["demo", "research-writer", *sys.argv[1:]]))

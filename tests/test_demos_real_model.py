@@ -304,3 +304,19 @@ def test_conductor_with_builders_that_never_write(tmp_path: Path) -> None:
     line = one_line_error(result)
     assert line.startswith("teamrt demo: subtask ")
     assert "was escalated to a human: it failed 3 rounds (round cap 3)" in line
+
+
+def test_the_exchange_demo_has_no_model(tmp_path: Path) -> None:
+    result = demo(tmp_path, "exchange")
+    assert result.returncode == 1
+    assert "the exchange demo has no model" in one_line_error(result)
+
+
+def test_demo_help_says_how_to_run_on_a_real_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from teamrt.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for needed in ("OPENAI_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL alone", "TEAMRT_PRICES"):
+        assert needed in text

@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 
 from teamrt.envelopes import Envelope, Request
+from teamrt.errors import UsageError
 from teamrt.mail.mailboxes import FileMailboxes
 
 TEAM = "exchange"
@@ -144,6 +145,8 @@ def run_demo(name: str, *, directory: str, model: str = "offline") -> int:
     if name == "service":
         return int(anyio.run(service_demo, Path(directory), model))
     if name == "exchange":
+        if model != "offline":
+            raise UsageError("the exchange demo has no model (it trades raw requests)")
         return int(anyio.run(lead, Path(directory)))
     raise SystemExit(f"unknown demo {name!r}")
 

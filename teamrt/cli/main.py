@@ -384,12 +384,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        help="run a demo offline on real file mailboxes",
+        help="run a demo on real file mailboxes (offline, or on a real model)",
         description="research-writer (default): a researcher reads the shipped notes and sends "
         "findings to a writer, who writes agent-loop.md. two-process: the same with the writer "
         "in its own process. service: a Starlette app runs the team in its lifespan. "
-        "conductor: scripted builders get a small Python package through its pytest checks. "
-        "exchange: a lead and a worker in another process trade raw requests.",
+        "conductor: a planner and builders get a small Python package through its pytest "
+        "checks. exchange: a lead and a worker in another process trade raw requests. "
+        "With --model openai, every model of the first four (in every process) is an "
+        "OpenAIModel: set OPENAI_MODEL, and OPENAI_API_KEY, or OPENAI_BASE_URL alone for a "
+        "server that needs no key; TEAMRT_PRICES gives prices "
+        "('{\"my-model\": [0.5, 1.5]}', USD per million tokens). Each run prints every "
+        "agent's stop report; one that cannot start or stopped early ends with one line "
+        "saying why and exit code 1.",
     )
     demo.add_argument(
         "name",
@@ -401,8 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         default="offline",
         choices=["offline", "openai"],
-        help="offline: scripted models (default); openai: OpenAIModel from the "
-        "environment (OPENAI_API_KEY, OPENAI_MODEL, OPENAI_BASE_URL)",
+        help="offline: function models (default); openai: OpenAIModel from the "
+        "environment (OPENAI_MODEL, OPENAI_API_KEY, OPENAI_BASE_URL)",
     )
     demo.add_argument("--dir", default="mailboxes", help="root for the demo's team directory")
     demo.set_defaults(run=_demo, is_async=False)
