@@ -17,11 +17,14 @@ Envelopes are created through the one-line constructors on `Envelope`:
 from __future__ import annotations
 
 import builtins
+import contextlib
+import contextvars
 import itertools
 import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -42,6 +45,27 @@ P = TypeVar("P", bound=BaseModel)
 
 _counter = itertools.count()
 _tag = os.urandom(5).hex()
+
+# --- traces: every envelope sent while handling a task carries the task's trace id -----------
+
+_trace: contextvars.ContextVar[str | None] = contextvars.ContextVar("teamrt_trace", default=None)
+
+
+def current_trace() -> str | None:
+    """The trace id of the task being handled here (None outside one)."""
+    return _trace.get()
+
+
+@contextlib.contextmanager
+def tracing(trace_id: str | None) -> Iterator[None]:
+    """Within this block (and the tasks started in it), every envelope sent without a trace id
+    gets `trace_id`: a task's messages, sub-requests, answers and protocol envelopes form one
+    trace, across processes (the id travels in the envelopes)."""
+    token = _trace.set(trace_id)
+    try:
+        yield
+    finally:
+        _trace.reset(token)
 
 
 def _new_process_tag() -> None:

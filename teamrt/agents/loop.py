@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import time
@@ -46,6 +47,8 @@ from teamrt.models.base import (
     Usage,
     message_tokens,
 )
+
+log = logging.getLogger("teamrt.agents")
 
 CONTINUE = (
     "Your last reply was cut off by the output length limit. Continue exactly where it "
@@ -600,6 +603,7 @@ class Agent:
             detail = str(exc)
             if limited and "rate limit" not in detail:
                 detail += f" ({limited} of {attempts} attempts were rate limited: 429)"
+            log.warning("%s stopped: the model failed: %s", state.agent, detail)
             state.stop = Stop(reason="model_error", detail=detail)
         finally:
             state.model_time += self.clock() - started
@@ -815,6 +819,8 @@ class Agent:
 
     @staticmethod
     def _stop_at_limit(state: AgentState, exc: LimitExceeded) -> None:
+        level = logging.WARNING if exc.limit.startswith("team_") else logging.INFO
+        log.log(level, "%s stopped at a limit: %s", state.agent, exc)
         state.stop = Stop(
             reason="limit", detail=str(exc), limit=exc.limit, value=exc.value, used=exc.used
         )

@@ -13,6 +13,7 @@ Store-agnostic: no file or lock is touched in this module.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from teamrt.mail.mailboxes import Mailboxes
 
 _REMEMBERED_REQUESTS = 4096
+
+
+log = logging.getLogger("teamrt.mail")
 
 
 class _BoundedSet:
@@ -130,6 +134,7 @@ class Inbox:
         Team between two incarnations); reload from the committed cursor if another consumer
         committed meanwhile."""
         self._lease = self._store.acquire_lease(self.name, self._holder())
+        log.info("%s's inbox took its lease back from a holder that let it go", self.name)
         if self._reader.changed_elsewhere():
             cursor = self._reader.load_cursor()
             self._reader.seek(cursor)
@@ -310,6 +315,8 @@ class Inbox:
         return "bad signature"
 
     def _quarantine(self, item: Corrupt) -> None:
+        log.warning("%s's inbox: a line at offset %d quarantined: %s", self.name, item.offset,
+                    item.reason)  # fmt: skip
         self._reader.quarantine(self._segment, item)
         self._tracker.skipped((self._segment, item.end))
         self._quarantined += 1

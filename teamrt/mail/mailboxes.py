@@ -33,6 +33,7 @@ from teamrt.envelopes import (
     Request,
     Response,
     check_finite,
+    current_trace,
     validate_body,
 )
 from teamrt.errors import (
@@ -173,6 +174,8 @@ class Mailboxes:
     # -- sending --
 
     def _encode(self, envelope: Envelope) -> bytes:
+        if envelope.trace_id is None and (trace := current_trace()) is not None:
+            envelope = envelope.model_copy(update={"trace_id": trace})  # the task's trace
         if envelope.team is not None and envelope.team != self.store.team:
             raise UsageError(f"envelope is for team {envelope.team!r}, not {self.store.team!r}")
         validate_body(envelope.type, envelope.body)

@@ -16,6 +16,7 @@ many were answered 429. SDK and HTTP exceptions are translated here and nowhere 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -55,6 +56,9 @@ Api = Literal["chat", "responses"]
 class _Call:
     body: dict[str, Any]
     strict: dict[str, dict[str, Any]]
+
+
+log = logging.getLogger("teamrt.models")
 
 
 class OpenAIModel:
@@ -163,7 +167,10 @@ class OpenAIModel:
             except Unusable as exc:
                 raise retries.unusable(exc, tally) from None
             except TRANSIENT as exc:
-                await anyio.sleep(retries.next_delay(exc, tally))
+                delay = retries.next_delay(exc, tally)
+                log.info("%s: attempt %d failed (%s); retrying in %.2fs", self.model,
+                         tally.attempts, type(exc).__name__, delay)  # fmt: skip
+                await anyio.sleep(delay)
                 continue
             except openai.OpenAIError as exc:  # anything else the SDK refuses: not retried
                 raise retries.error(exc, None, tally) from exc
@@ -238,7 +245,10 @@ class OpenAIModel:
             except TRANSIENT as exc:
                 if passed_on:
                     raise retries.broken(exc, tally) from exc
-                await anyio.sleep(retries.next_delay(exc, tally))
+                delay = retries.next_delay(exc, tally)
+                log.info("%s: stream attempt %d failed (%s); retrying in %.2fs", self.model,
+                         tally.attempts, type(exc).__name__, delay)  # fmt: skip
+                await anyio.sleep(delay)
                 continue
             except openai.OpenAIError as exc:
                 raise retries.error(exc, None, tally) from exc

@@ -19,6 +19,7 @@ and a long read yields to the event loop.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections import deque
@@ -39,6 +40,8 @@ from teamrt.team.protocol import (
     is_shutdown,
     is_task,
 )
+
+log = logging.getLogger("teamrt.team")
 
 #: Envelopes read between two yields to the event loop.
 _YIELD_EVERY = 256
@@ -182,6 +185,7 @@ class Desk:
         if self.bounded and len(self.tasks) >= self.max_queue:
             self.inbox.ack_nowait(request)
             self.refused += 1
+            log.info("%s refused task %s: busy (%d queued)", self.me, request.id, len(self.tasks))
             await self.mail.send(
                 Envelope.error(
                     request,
@@ -203,6 +207,8 @@ class Desk:
         self._held.pop(request.id, None)
         self.refused += 1
         late = self._clock() - deadline
+        log.info("%s refused %s %s: its deadline passed %.3fs ago", self.me, request.type,
+                 request.id, late)  # fmt: skip
         await self.mail.send(
             Envelope.error(
                 request,

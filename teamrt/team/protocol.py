@@ -49,6 +49,7 @@ class TaskResult(BaseModel):
     tool_calls: int
     tokens: int
     cost: float | None
+    trace_id: str | None = None  # the trace every envelope of the task carried
 
 
 class ProgressBody(BaseModel):

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +28,7 @@ from teamrt.agents.loop import Agent, AgentEvent, ToolCallFinished, ToolCallStar
 from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool, tool
-from teamrt.envelopes import Envelope, Request, new_id
+from teamrt.envelopes import Envelope, Request, current_trace, new_id, tracing
 from teamrt.errors import StopRequested, StoreError
 from teamrt.models.base import ChatMessage, Model, TextDelta, Usage
 from teamrt.team.config import MemberStatus, Teammate
@@ -47,6 +49,8 @@ from teamrt.team.protocol import (
 
 if TYPE_CHECKING:
     from teamrt.team.team import Team
+
+log = logging.getLogger("teamrt.team")
 
 ROUND = "round:"  # task ids of rounds of mail start with this
 _STATUS_TEXT = 200  # characters of the model's current text kept in the status
@@ -154,6 +158,11 @@ class Runner:
                 return
 
     async def _work(self, request: Request) -> None:
+        # a task starts or continues a trace: every envelope sent while handling it carries it
+        with tracing(request.trace_id or request.id):
+            await self._work_traced(request)
+
+    async def _work_traced(self, request: Request) -> None:
         if await self.desk.refuse_if_expired(request):
             return
         self.current = request
@@ -175,7 +184,7 @@ class Runner:
         await self._flush_progress()
         if report.stop.reason == "shutdown":
             return  # interrupted: it stays unacked, and the next incarnation resumes it
-        result = _result(report)
+        result = _result(report).model_copy(update={"trace_id": current_trace()})
         await self.mail.send(Envelope.response(request, result, type=RESULT))
         self.desk.done(request)
         self.current = None
@@ -184,7 +193,13 @@ class Runner:
 
     async def _round(self, *, resume: bool) -> None:
         """A round of mail: the model reads what arrived and acts on it; no one awaits an
-        answer (it goes to the lead with the next idle notice)."""
+        answer (it goes to the lead with the next idle notice). It continues the trace of the
+        first mail it will read that has one."""
+        first = list(itertools.islice(self.desk.letters, self.teammate.mail_batch))
+        with tracing(next((e.trace_id for e in first if e.trace_id), None)):
+            await self._round_traced(resume=resume)
+
+    async def _round_traced(self, *, resume: bool) -> None:
         self.status.state = "working"
         self.status.last = "reading mail"
         agent = self._agent()
@@ -375,8 +390,22 @@ class Runner:
                 Journal(self.journal_path).incident(kind, detail)
 
     async def report_crash(self, exc: Exception, restarting: bool) -> None:
+        current = self.current
+        with tracing(current.trace_id or current.id if current is not None else None):
+            await self._report_crash(exc, restarting)
+
+    async def _report_crash(self, exc: Exception, restarting: bool) -> None:
         error = f"{type(exc).__name__}: {exc}"
         self.status.last = f"crashed: {error}"
+        log.error(
+            "%s (incarnation %s) %s: %s; %s",
+            self.name,
+            self.incarnation,
+            "cancelled" if self.cancelled is not None else "crashed",
+            error,
+            "restarting" if restarting else "not restarting",
+        )
+        log.debug("%s crashed here:", self.name, exc_info=exc)  # the traceback, for debugging
         self.record("cancel" if self.cancelled is not None else "crash", error)
         with anyio.CancelScope(shield=True):
             current, round_id = self.current, self._round_id
@@ -386,6 +415,7 @@ class Runner:
                 if given_up or not restarting or tries >= self.teammate.restart.task_attempts:
                     self.desk.recorded()  # the mail it was shown is given up on: acked
                     self._forget(round_id)
+                    log.warning("%s gave up on a round of mail after %d tries", self.name, tries)
                     error += f" (round of mail given up after {tries} tries)"
             if current is not None:
                 tries = self.attempts[current.id] = self.attempts.get(current.id, 0) + 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -51,6 +52,8 @@ from teamrt.team.protocol import (
     TaskResult,
 )
 from teamrt.team.runner import Runner
+
+log = logging.getLogger("teamrt.team")
 
 #: Notices (idle, crash, late answers) the lead keeps for inspection; older ones are dropped.
 NOTICES_KEPT = 200
@@ -195,20 +198,26 @@ class Team:
 
     # -- asking --
 
-    async def ask(self, member: str, text: str, *, timeout: float | None = None) -> TaskResult:
+    async def ask(
+        self, member: str, text: str, *, timeout: float | None = None, trace_id: str | None = None
+    ) -> TaskResult:
         """Give `member` a task (from the lead) and wait for its result.
 
         `member` may name a pool (`Teammate(..., replicas=N)`): the task goes to its least busy
         replica. Raises `RemoteError` with `error_type` `Busy` (the member's queue is full) or
         `Expired` (the deadline passed before it could start), `RequestTimeout`, or
-        `TeammateGone` for a member that crashed for good.
+        `TeammateGone` for a member that crashed for good. The task starts a trace (or
+        continues `trace_id`): every envelope of it, in any process, carries the id, which the
+        result gives back (`teamrt replay DIR --trace ID` shows the whole tree).
         """
         member = self.pick(member)
         status = self.status.get(member)
         if status is not None and status.state in ("crashed", "stopped"):
             raise TeammateGone(f"{member!r} {status.state} and is not running: {status.last}")
         self._serve_lead()
-        request = Envelope.request(self.lead, member, text, type=TASK, timeout=timeout)
+        request = Envelope.request(
+            self.lead, member, text, type=TASK, timeout=timeout, trace_id=trace_id or new_id()
+        )
         self._in_flight[member] = self._in_flight.get(member, 0) + 1
         try:
             response = await self.mail.request(request, timeout=timeout)
@@ -236,7 +245,9 @@ class Team:
         if status is not None and status.state in ("crashed", "stopped"):
             raise TeammateGone(f"{member!r} {status.state} and is not running: {status.last}")
         self._serve_lead()
-        request = Envelope.request(self.lead, member, text, type=STREAMED_TASK, timeout=timeout)
+        request = Envelope.request(
+            self.lead, member, text, type=STREAMED_TASK, timeout=timeout, trace_id=new_id()
+        )
         send, receive = anyio.create_memory_object_stream[ProgressBody | TaskResult | Exception](
             math.inf
         )
@@ -304,6 +315,7 @@ class Team:
         cycle = self._path(on, member)
         if cycle is not None:
             chain = " -> ".join([member, *cycle])
+            log.warning("deadlock refused: %s", chain)
             raise Deadlock(
                 f"{chain}: {on} is busy waiting (through this chain) on {member}, so "
                 f"{member}'s request to {on} could only time out; refused"
@@ -419,6 +431,7 @@ class Team:
         for name, scope in list(self._scopes.items()):
             if self.status[name].state not in ("stopped", "crashed"):
                 self.status[name].last = "cancelled at the shutdown deadline"
+                log.warning("%s did not stop by the shutdown deadline: cancelled", name)
                 if (runner := self._runners.get(name)) is not None:
                     runner.record("cancel", self.status[name].last)
                 scope.cancel()
@@ -435,6 +448,7 @@ class Team:
         status, scope = self.status[member], self._scopes.get(member)
         if scope is not None and status.state not in ("stopped", "crashed"):
             status.last = "cancelled at the shutdown deadline"
+            log.warning("%s did not stop by its shutdown deadline: cancelled", member)
             if (runner := self._runners.get(member)) is not None:
                 runner.record("cancel", status.last)
             scope.cancel()
@@ -485,7 +499,10 @@ class Team:
                         previous.release()
                     if await self._incarnate(teammate, incarnation, ready, attempts):
                         return
-                    await anyio.sleep(policy.delay(status.restarts))
+                    delay = policy.delay(status.restarts)
+                    log.info("%s restarts in %.2fs (restart %d of %d)", teammate.name, delay,
+                             status.restarts + 1, policy.max_restarts)  # fmt: skip
+                    await anyio.sleep(delay)
                     status.restarts += 1
         finally:
             if lease is not None:
@@ -551,6 +568,7 @@ class Team:
         runner = self._runners.get(member)
         if runner is None or runner.scope is None:
             raise UsageError(f"{member!r} is not running in this team")
+        log.warning("cancelling %s: %s", member, reason)
         runner.cancelled = reason
         runner.scope.cancel()
 
