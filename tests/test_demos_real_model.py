@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from teamrt.conductor.planner import PLAN_PROMPT
-from teamrt.demos import conductor, research_writer
+from teamrt.demos import conductor, real, research_writer
+from teamrt.demos.real import DemoFailed
 from teamrt.demos.research_writer import RESEARCHER, WRITER
-from teamrt.models import ChatMessage, ToolSpec
+from teamrt.errors import UsageError
+from teamrt.models import ChatMessage, ToolSpec, allow_model_requests
 from tests.brain_server import Brain, BrainServer, Refuse
 
 RESEARCH_ROUTES = [
@@ -130,9 +132,10 @@ def test_prices_from_the_environment(tmp_path: Path, brains: BrainServer) -> Non
     assert "cost unknown" not in result.stdout
 
 
-def test_a_refused_key_is_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["research-writer", "two-process"])
+def test_a_refused_key_is_one_line(tmp_path: Path, name: str) -> None:
     with BrainServer(RESEARCH_ROUTES, status=401) as server:
-        result = demo(tmp_path, "research-writer", OPENAI_BASE_URL=server.url, OPENAI_API_KEY="x")
+        result = demo(tmp_path, name, OPENAI_BASE_URL=server.url, OPENAI_API_KEY="x")
     assert result.returncode == 1
     line = one_line_error(result)
     assert line.startswith("teamrt demo: researcher stopped early (model_error): brain at")
@@ -200,7 +203,7 @@ def test_a_missing_variable_is_one_line(
     if "TEAMRT_ALLOW_MODEL_REQUESTS" in env:
         env = {**env, "OPENAI_API_KEY": "x"}
     result = demo(tmp_path, "two-process", **env)
-    assert result.returncode == 1
+    assert result.returncode == 2  # the caller's mistake
     assert says in one_line_error(result)
     assert not (tmp_path / "boxes").exists()
 
@@ -308,7 +311,7 @@ def test_conductor_with_builders_that_never_write(tmp_path: Path) -> None:
 
 def test_the_exchange_demo_has_no_model(tmp_path: Path) -> None:
     result = demo(tmp_path, "exchange")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "the exchange demo has no model" in one_line_error(result)
 
 
@@ -320,3 +323,56 @@ def test_demo_help_says_how_to_run_on_a_real_model(capsys: pytest.CaptureFixture
     text = " ".join(capsys.readouterr().out.split())
     for needed in ("OPENAI_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL alone", "TEAMRT_PRICES"):
         assert needed in text
+
+
+# --- in this process: the checks before a run, and a run -----------------------------------
+
+
+@pytest.fixture
+def openai_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for key in [k for k in os.environ if k.startswith("OPENAI_") or "PROXY" in k.upper()]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("OPENAI_MODEL", "brain")
+    monkeypatch.delenv("TEAMRT_PRICES", raising=False)
+    return monkeypatch
+
+
+async def test_the_checks_before_a_run(openai_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UsageError, match="unknown model 'gpt'"):
+        await real.check_environment("gpt")
+    await real.check_environment("offline")  # needs nothing
+    with pytest.raises(UsageError, match="needs OPENAI_API_KEY"):
+        await real.check_environment("openai")
+    openai_env.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{closed_port()}/v1")
+    with allow_model_requests(), pytest.raises(DemoFailed, match="Connection refused"):
+        await real.check_environment("openai")
+    openai_env.setenv("OPENAI_BASE_URL", "ftp://example/v1")
+    with allow_model_requests(), pytest.raises(UsageError, match="is not an http"):
+        await real.check_environment("openai")
+    openai_env.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")  # the proxy is what answers
+    await real.probe(f"http://127.0.0.1:{closed_port()}/v1")
+    openai_env.setenv("TEAMRT_PRICES", "[1]")
+    with pytest.raises(UsageError, match="TEAMRT_PRICES must be a JSON object"):
+        await real.check_environment("offline")
+
+
+def test_the_spec_reads_the_model_choice(openai_env: pytest.MonkeyPatch) -> None:
+    assert research_writer.writer().name == "writer"
+    openai_env.setenv(real.MODEL_VARIABLE, "openai")
+    assert type(research_writer.writer().make_model()).__name__ == "OpenAIModel"
+    openai_env.setenv(real.MODEL_VARIABLE, "gpt")
+    with pytest.raises(UsageError, match="TEAMRT_DEMO_MODEL must be one of offline, openai"):
+        research_writer.researcher()
+
+
+async def test_research_writer_in_this_process(
+    tmp_path: Path, openai_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    openai_env.setenv("TEAMRT_DEMO_SCRATCH", str(tmp_path / "scratch"))
+    openai_env.setenv("TEAMRT_PRICES", '{"brain": [1000, 2000]}')
+    with BrainServer(RESEARCH_ROUTES) as server, allow_model_requests():
+        openai_env.setenv("OPENAI_BASE_URL", server.url)
+        assert await research_writer.run(tmp_path, "openai", live=False) == 0
+    out = capsys.readouterr().out
+    assert out.count("answer (") == 2 and "cost unknown" not in out
+    assert server.calls[RESEARCHER] == 4 and server.calls[WRITER] == 2

@@ -133,7 +133,8 @@ async def test_formats(tmp_path: Path) -> None:
     text = out.getvalue()
     assert "\x1b[" in text and "[answered twice]" in text
     assert "undecodable (ValueError" in text
-    assert "2 unanswered, 1 late, 1 answered twice, 1 duplicates, 1 undecodable" in text
+    assert "2 unanswered (0 timed out), 1 late, 0 errors, 1 answered twice, 1 duplicates" in text
+    assert ", 1 undecodable lines\n" in text
 
 
 async def test_html_page_in_headless_chromium(tmp_path: Path) -> None:
@@ -169,9 +170,57 @@ async def test_html_page_in_headless_chromium(tmp_path: Path) -> None:
     )
     dom = result.stdout
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "10 of 10 envelopes" in dom  # the script ran and built the timeline
-    assert dom.count('<tr class="event">') == 10
+    assert "10 of 10 events" in dom  # the script ran and built the timeline
+    assert dom.count('<tr class="event') == 10
     assert "answered twice" in dom
+    # the requests found unanswered only at the end are marked too
+    assert dom.count('<tr class="event flagged"') == 6
+    assert dom.count('class="flag">unanswered</td>') == 2
+
+
+class _Sends(io.StringIO):
+    """Output that sends `envelope` the first time replay flushes while following, and stops
+    the follow (as Ctrl-C would) once it has printed what came."""
+
+    def __init__(self, team: Path, envelope: Envelope, until: str) -> None:
+        super().__init__()
+        self.team, self.envelope, self.until = team, envelope, until
+        self.sent = self.stopped = False
+
+    def flush(self) -> None:
+        if self.until in self.getvalue() and not self.stopped:
+            self.stopped = True
+            raise KeyboardInterrupt
+        if not self.sent:
+            self.sent = True
+
+            async def send() -> None:
+                async with FileMailboxes(self.team) as mail:
+                    await mail.send(self.envelope)
+
+            anyio.run(send)
+
+
+def test_follow_joins_and_counts_what_comes_under_the_filters(tmp_path: Path) -> None:
+    team = tmp_path / "t"
+    sent = anyio.run(_build, team)
+    reply = at(Envelope.response(sent["open"], "reviewed"), 8.0)
+    out = _Sends(team, reply, "reviewed")
+    run_replay(str(team), fmt="json", keep=Filter(), follow=True, colour="never", out=out, poll=0)
+    *events, last = [json.loads(line) for line in out.getvalue().splitlines()]
+    summary = last["summary"]
+    assert events[-1]["body"] == "reviewed" and events[-1]["latency"] == pytest.approx(5.0)
+    assert summary["envelopes"] == len(events) - 1 == 10  # the undecodable line is no envelope
+    assert summary["unanswered"] == [sent["timed_out"].id]  # the other one was answered
+    assert summary["answered"] == 3
+
+    note = at(Envelope.message("lead", "critic", "one more"), 9.0)
+    out = _Sends(team, note, "one more")
+    keep = Filter(agents=("critic",))  # the summary counts what the filter shows, new ones too
+    run_replay(str(team), fmt="text", keep=keep, follow=True, colour="never", out=out, poll=0)
+    text = out.getvalue()
+    assert "\n6 envelopes; 2 requests, 1 answered" in text
+    assert "; 1 unanswered (0 timed out), 0 late, 0 errors, 0 answered twice, 1 duplicates" in text
 
 
 def test_follow_prints_new_envelopes(tmp_path: Path) -> None:

@@ -130,6 +130,16 @@ async def service_demo(root: Path, model: str = "offline") -> int:
 
 
 def run_demo(name: str, *, directory: str, model: str = "offline") -> int:
+    """Run a demo; a mistake in how it was asked for (a missing variable, say) is one line on
+    stderr and exit code 2."""
+    try:
+        return _run_demo(name, directory=directory, model=model)
+    except UsageError as exc:
+        print(f"teamrt demo: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_demo(name: str, *, directory: str, model: str = "offline") -> int:
     if name == "research-writer":
         from teamrt.demos import research_writer
 

@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
         "server that needs no key; TEAMRT_PRICES gives prices "
         "('{\"my-model\": [0.5, 1.5]}', USD per million tokens). Each run prints every "
         "agent's stop report; one that cannot start or stopped early ends with one line "
-        "saying why and exit code 1.",
+        "saying why (exit code 2 for a missing or malformed variable, else 1).",
     )
     demo.add_argument(
         "name",

@@ -3,20 +3,32 @@ diagram, or one self-contained HTML page; `--follow` keeps printing new envelope
 
 from __future__ import annotations
 
-import html
 import json
+import math
 import re
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from teamrt.cli.replay_page import Html
 from teamrt.errors import UsageError
 from teamrt.mail.filestore import InboxPaths
 from teamrt.mail.log import LineSplitter
-from teamrt.replay import Event, Filter, Summary, _event, members, select, timeline
+from teamrt.replay import (
+    AGENT_KINDS,
+    Event,
+    Filter,
+    Joiner,
+    Summary,
+    _event,
+    finish,
+    members,
+    timeline,
+)
 
 _COLOURS = [31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96]
 
@@ -45,6 +57,17 @@ def _fold(body: Any, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _what(e: Event) -> Any:
+    """What an agent's journal line or a conductor decision says, in a few words."""
+    body = e.body
+    if isinstance(body, dict) and e.kind == "decision" and "action" in body:
+        subtask = f"{body['subtask']}: " if body.get("subtask") else ""
+        return f"{subtask}{body.get('detail', '')}"
+    if isinstance(body, dict) and e.kind == "stop" and "detail" in body:
+        return body["detail"]
+    return body
+
+
 class Text:
     """One line per envelope, a colour per agent on a terminal."""
 
@@ -69,6 +92,13 @@ class Text:
         flags = f" [{', '.join(e.flags)}]" if e.flags else ""
         latency = f" ({e.latency * 1000:.1f} ms)" if e.latency is not None else ""
         pad = " " * max(0, 10 - len(e.sender))
+        if e.kind in AGENT_KINDS or e.kind == "decision":
+            when = _clock(e.ts) if math.isfinite(e.ts) else f"{'(no time)':12}"
+            self.out.write(
+                f"{when}  {pad}{self._name(e.sender)}    {'':10} {safe(e.kind):9} "
+                f"{safe(e.type):16}{flags}  {_fold(_what(e))}\n"
+            )
+            return
         self.out.write(
             f"{_clock(e.ts)}  {pad}{self._name(e.sender)} -> "
             f"{self._name(e.recipient):10} {safe(e.kind):9} {safe(e.type):16}"
@@ -79,16 +109,29 @@ class Text:
         p50 = summary.latency_percentile(50)
         p99 = summary.latency_percentile(99)
         self.out.write(
-            f"\n{summary.events} envelopes; {summary.requests} requests, "
+            f"\n{summary.envelopes} envelopes; {summary.requests} requests, "
             f"{summary.answered} answered"
         )
         if p50 is not None and p99 is not None:
             self.out.write(f" (latency p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms)")
         self.out.write(
-            f"; {len(summary.unanswered)} unanswered, {summary.late} late, "
+            f"; {len(summary.unanswered)} unanswered ({summary.timed_out} timed out), "
+            f"{summary.late} late, {summary.errors} errors, "
             f"{summary.answered_twice} answered twice, {summary.duplicates} "
             f"duplicates, {summary.corrupt} undecodable lines\n"
         )
+        if summary.crashes or summary.cancels or summary.stops or summary.decisions:
+            self.out.write(
+                f"{summary.crashes} crashes, {summary.cancels} cancellations, "
+                f"{summary.stops} stop reports, {summary.decisions} conductor decisions "
+                f"({summary.escalations} escalations)\n"
+            )
+        for name, c in summary.agents.items():
+            self.out.write(
+                f"  {self._name(name)}: sent {c.sent}, received {c.received}, "
+                f"unanswered {c.unanswered}, errors {c.errors}, crashes {c.crashes}, "
+                f"cancellations {c.cancels}, flagged {c.flagged}\n"
+            )
         for e in summary.unanswered[:20]:
             self.out.write(
                 f"  unanswered: {safe(e.id)} {safe(e.sender)} -> {safe(e.recipient)} "
@@ -110,13 +153,23 @@ class JsonLines:
                 {
                     "summary": {
                         "events": summary.events,
+                        "envelopes": summary.envelopes,
                         "requests": summary.requests,
                         "answered": summary.answered,
                         "unanswered": [e.id for e in summary.unanswered],
+                        "timed_out": summary.timed_out,
                         "late": summary.late,
+                        "errors": summary.errors,
                         "answered_twice": summary.answered_twice,
                         "duplicates": summary.duplicates,
                         "corrupt": summary.corrupt,
+                        "crashes": summary.crashes,
+                        "cancels": summary.cancels,
+                        "stops": summary.stops,
+                        "decisions": summary.decisions,
+                        "escalations": summary.escalations,
+                        "flagged": summary.flagged,
+                        "agents": {n: asdict(c) for n, c in summary.agents.items()},
                         "latency_p50": summary.latency_percentile(50),
                         "latency_p99": summary.latency_percentile(99),
                     }
@@ -142,6 +195,12 @@ class Mermaid:
         return ident
 
     def event(self, e: Event) -> None:
+        if e.kind in AGENT_KINDS or e.kind == "decision":
+            who = self._participant(e.sender)
+            label = _fold(f"{e.kind} {e.type}: {_fold(_what(e), 40)}", 60)
+            label = label.replace(";", ",").replace("#", "")
+            self.out.write(f"    Note over {who}: {safe(label)}\n")
+            return
         if e.kind == "corrupt":
             who = self._participant(e.inbox)
             self.out.write(f"    Note over {who}: undecodable line at offset {e.offset}\n")
@@ -156,99 +215,6 @@ class Mermaid:
         for e in summary.unanswered:
             who = self._participant(e.recipient)
             self.out.write(f"    Note over {who}: unanswered {safe(e.type)} {safe(e.id[-8:])}\n")
-
-
-HTML_HEAD = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>teamrt replay: TEAM</title>
-<style>
-body{font:14px system-ui,sans-serif;margin:1em}
-table{border-collapse:collapse;width:100%}
-td,th{padding:2px 6px;border-bottom:1px solid #ddd;text-align:left;white-space:nowrap}
-tr.event{cursor:pointer} tr.event:hover{background:#f4f4f8}
-td.body{white-space:normal;max-width:40em}
-.clamp{display:-webkit-box;-webkit-line-clamp:2;-webkit-box-orient:vertical;overflow:hidden}
-.flag{color:#b00;font-weight:bold} pre#detail{background:#f7f7f7;padding:1em;white-space:pre-wrap}
-#controls{position:sticky;top:0;background:#fff;padding:.5em 0}
-</style></head><body>
-<h1>teamrt replay: TEAM</h1>
-<div id="controls">Filter: <input id="filter" placeholder="agent, type, text..." size="40">
-<label><input type="checkbox" id="flagged"> only flagged</label> <span id="count"></span></div>
-<table><thead><tr><th>time</th><th>from</th><th>to</th><th>kind</th><th>type</th>
-<th>latency</th><th>flags</th><th>body</th></tr></thead><tbody id="rows"></tbody></table>
-<h2>Selected envelope</h2><pre id="detail">Click a row.</pre>
-<script id="events" type="application/json">[
-"""
-
-HTML_TAIL = """]</script>
-<script>
-const events = JSON.parse(document.getElementById("events").textContent);
-const rows = document.getElementById("rows");
-function text(e) { return JSON.stringify(e).toLowerCase(); }
-const colours = {};
-const palette = ["#c0392b", "#2471a3", "#1e8449", "#9a7d0a", "#7d3c98", "#117a65", "#a04000"];
-function colour(name) {
-  if (!(name in colours)) colours[name] = palette[Object.keys(colours).length % palette.length];
-  return colours[name];
-}
-function render() {
-  const q = document.getElementById("filter").value.toLowerCase();
-  const flagged = document.getElementById("flagged").checked;
-  rows.textContent = "";
-  let shown = 0;
-  for (const e of events) {
-    if (q && !text(e).includes(q)) continue;
-    if (flagged && !(e.flags && e.flags.length)) continue;
-    const tr = document.createElement("tr");
-    tr.className = "event";
-    const cells = [new Date(e.ts * 1000).toISOString().slice(11, 23), e.sender, e.recipient,
-      e.kind, e.type, e.latency == null ? "" : (e.latency * 1000).toFixed(1) + " ms",
-      (e.flags || []).join(", "), JSON.stringify(e.body)];
-    cells.forEach((value, i) => {
-      const td = document.createElement("td");
-      if (i === 7) {  // bodies folded to two lines; click the row for the whole envelope
-        const div = document.createElement("div");
-        div.className = "clamp";
-        div.textContent = value;
-        td.className = "body";
-        td.appendChild(div);
-      } else {
-        td.textContent = value;
-      }
-      if (i === 1 || i === 2) td.style.color = colour(value);
-      if (i === 6) td.className = "flag";
-      tr.appendChild(td);
-    });
-    tr.addEventListener("click", () => {
-      document.getElementById("detail").textContent = JSON.stringify(e, null, 2);
-    });
-    rows.appendChild(tr);
-    shown++;
-  }
-  document.getElementById("count").textContent = shown + " of " + events.length + " envelopes";
-}
-document.getElementById("filter").addEventListener("input", render);
-document.getElementById("flagged").addEventListener("change", render);
-render();
-</script></body></html>
-"""
-
-
-class Html:
-    """One self-contained page (no network): the events as JSON, a table, filters, details."""
-
-    def __init__(self, out: TextIO, team: str) -> None:
-        self.out = out
-        self.out.write(HTML_HEAD.replace("TEAM", html.escape(team)))
-        self._first = True
-
-    def event(self, e: Event) -> None:
-        data = json.dumps(e.to_json_dict(), ensure_ascii=False, default=str)
-        data = data.replace("</", "<\\/")  # keep the script element closed only by its end tag
-        self.out.write(("" if self._first else ",\n") + data)
-        self._first = False
-
-    def end(self, summary: Summary) -> None:
-        self.out.write("\n" + HTML_TAIL)
 
 
 Formatter = Text | JsonLines | Mermaid | Html
@@ -273,15 +239,22 @@ def run_replay(
     elif fmt == "mermaid":
         formatter = Mermaid(stream)
     elif fmt == "html":
-        formatter = Html(stream, Path(team_dir).name)
+        formatter = Html(stream, Path(team_dir).name, members(Path(team_dir)))
     else:
         formatter = Text(stream, use_colour)
     summary = Summary()
+    joiner = Joiner()  # requests stay open in it through --follow: answers may still come
     positions: dict[str, tuple[int, int]] = {}
-    for event in select(timeline(team_dir, summary=summary, positions=positions), keep):
+    events = timeline(
+        team_dir, summary=summary, positions=positions, keep=keep, joiner=joiner, agent_files=True
+    )
+    for event in events:
         formatter.event(event)
     if follow and fmt in ("text", "json"):
-        _follow(Path(team_dir), positions, formatter, keep, stream, poll, follow_for)
+        _follow(
+            Path(team_dir), positions, formatter, keep, stream, poll, follow_for, joiner, summary
+        )
+    finish(joiner, summary, keep)
     formatter.end(summary)
     stream.flush()
     return 0
@@ -295,9 +268,12 @@ def _follow(
     stream: TextIO,
     poll: float,
     follow_for: float | None,
+    joiner: Joiner,
+    summary: Summary,
 ) -> None:
     """Print envelopes appended after the first pass (from where it stopped in each inbox),
-    as they arrive, until interrupted. Follows the active segment of each inbox."""
+    as they arrive, until interrupted, joined and counted like the first pass's. Follows the
+    active segment of each inbox."""
     readers: dict[str, tuple[Path, LineSplitter, int]] = {}
     for name in members(root):
         paths = InboxPaths(root / "inboxes", name)
@@ -320,7 +296,9 @@ def _follow(
                 for offset, _end, raw, _long in splitter.feed(data):
                     batch.append(_event(name, index, offset, raw))
             for event in sorted(batch, key=lambda e: e.ts):
+                joiner.feed(event)
                 if keep(event):
+                    summary.count(event)
                     formatter.event(event)
             stream.flush()
             time.sleep(poll)
@@ -328,22 +306,26 @@ def _follow(
         pass
 
 
-def parse_time(value: str | None) -> float | None:
+def parse_time(value: str | None, *, option: str = "time") -> float | None:
     """Seconds since the epoch, or an ISO 8601 time (UTC unless it says otherwise)."""
     if value is None:
         return None
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         try:
             moment = datetime.fromisoformat(value)
         except ValueError:
             raise UsageError(
-                f"not a time: {value!r} (use seconds since the epoch or an ISO 8601 time)"
+                f"{option} {value!r} is not a time: give seconds since the epoch (e.g. "
+                f"{int(time.time()) - 3600}) or an ISO 8601 time (e.g. 2026-11-30T14:05, UTC)"
             ) from None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
         return moment.timestamp()
+    if not math.isfinite(seconds):
+        raise UsageError(f"{option} {value!r} is not a time: give a finite number of seconds")
+    return seconds
 
 
 def split(values: Iterable[str] | None) -> tuple[str, ...]:

@@ -274,9 +274,11 @@ def _quiet_escalations() -> Iterator[None]:
     (a warning on its logger, on the terminal when logging is not configured) would ask for an
     answer that nobody will give."""
     logger = logging.getLogger("teamrt.conductor")
-    handler = logging.NullHandler()
-    logger.addHandler(handler)
+    handler, propagate = logging.NullHandler(), logger.propagate
+    logger.addHandler(handler)  # not the last-resort handler on the terminal
+    logger.propagate = False  # nor the handlers of a configured root logger
     try:
         yield
     finally:
         logger.removeHandler(handler)
+        logger.propagate = propagate

@@ -20,7 +20,7 @@ import anyio
 
 from teamrt.agents.journal import summarise
 from teamrt.agents.limits import prices_from_env
-from teamrt.errors import UsageError
+from teamrt.errors import TeamrtError, UsageError
 from teamrt.models import FunctionModel, Model, model_requests_allowed
 from teamrt.replay import timeline
 from teamrt.team import RESULT, TaskResult
@@ -37,8 +37,9 @@ PROBE_TIMEOUT = 10.0
 _PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
-class DemoFailed(UsageError):
-    """A demo cannot run as configured; the message is the one line the user sees."""
+class DemoFailed(TeamrtError):
+    """A demo cannot reach its model server; the message is the one line the user sees. (A
+    missing or malformed variable is the caller's mistake: a `UsageError`.)"""
 
 
 def choice_from_env() -> Choice:
@@ -64,29 +65,27 @@ def prices() -> dict[str, tuple[float, float]]:
 
 
 async def check_environment(choice: str) -> None:
-    """Raise `DemoFailed` (one line) if a demo on `choice` cannot start: a missing variable, a
-    malformed price table, model requests switched off, or a server that cannot be reached."""
+    """Raise if a demo on `choice` cannot start, in one line: `UsageError` for a missing
+    variable, a malformed price table or model requests switched off, `DemoFailed` for a
+    server that cannot be reached."""
     if choice not in CHOICES:
-        raise DemoFailed(f"unknown model {choice!r}: pick one of {', '.join(CHOICES)}")
-    try:
-        prices()
-    except UsageError as exc:
-        raise DemoFailed(str(exc)) from None
+        raise UsageError(f"unknown model {choice!r}: pick one of {', '.join(CHOICES)}")
+    prices()  # a malformed TEAMRT_PRICES raises here, before anything starts
     if choice == "offline":
         return
     if not os.environ.get("OPENAI_MODEL"):
-        raise DemoFailed(
+        raise UsageError(
             "--model openai needs OPENAI_MODEL, the model's name (e.g. gpt-4.1-mini, or "
             "llama3.1:8b on a local Ollama)"
         )
     base_url = os.environ.get("OPENAI_BASE_URL")
     if not base_url and not os.environ.get("OPENAI_API_KEY"):
-        raise DemoFailed(
+        raise UsageError(
             "--model openai needs OPENAI_API_KEY (or, for a local server that needs no key, "
             "OPENAI_BASE_URL alone, e.g. http://localhost:11434/v1)"
         )
     if not model_requests_allowed():
-        raise DemoFailed(
+        raise UsageError(
             "real model requests are switched off here (TEAMRT_ALLOW_MODEL_REQUESTS=0)"
         )
     await probe(base_url or "https://api.openai.com/v1")
@@ -101,7 +100,7 @@ async def probe(base_url: str, timeout: float = PROBE_TIMEOUT) -> None:
     parts = urlsplit(base_url)
     host = parts.hostname
     if parts.scheme not in ("http", "https") or not host:
-        raise DemoFailed(f"OPENAI_BASE_URL={base_url!r} is not an http(s) URL")
+        raise UsageError(f"OPENAI_BASE_URL={base_url!r} is not an http(s) URL")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         with anyio.fail_after(timeout):
