@@ -274,7 +274,8 @@ def test_the_page_stays_bounded_at_100000_envelopes(tmp_path: Path) -> None:
         sizes.append(page.stat().st_size)
     assert sizes[1] < 1.1 * sizes[0]  # 20,000 rows at most, whatever the run's size
     dom = browse(page, tmp_path / "profile", "--dump-dom")
-    assert card(dom, "envelopes") == "100000" and card(dom, "unanswered") == "100000"
+    assert card(dom, "envelopes") == "100,000" and card(dom, "unanswered") == "100,000"
     assert "This page holds 20,000 of 100,000 events" in dom
     assert len(rows(dom)) == 100  # one page of rows in the document, not all of them
-    assert "page 1 of 200" in dom
+    assert "page 1 of 200" in dom and "20,000 of 20,000 events" in dom
+    assert int(re.search(r'data-drawn-ms="(\d+)"', dom).group(1)) >= 0  # type: ignore[union-attr]

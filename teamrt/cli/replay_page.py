@@ -224,7 +224,7 @@ if (summary.latency_p50 != null) cards.push(
 for (const [label, value, bad] of cards) {
   const card = el("div", undefined, "card" + (bad && value ? " bad" : ""));
   card.dataset.name = label;
-  card.appendChild(el("b", String(value)));
+  card.appendChild(el("b", typeof value === "number" ? value.toLocaleString("en") : value));
   card.appendChild(document.createTextNode(label));
   document.getElementById("cards").appendChild(card);
 }
@@ -375,8 +375,8 @@ function draw() {
     rows.appendChild(row(e));
   }
   document.getElementById("page").textContent = "page " + (page + 1) + " of " + pages;
-  document.getElementById("count").textContent = view.length + " of " + events.length +
-    " events";
+  document.getElementById("count").textContent = view.length.toLocaleString("en") + " of " +
+    events.length.toLocaleString("en") + " events";
 }
 const go = to => () => { page = to(page); draw(); };
 document.getElementById("first").addEventListener("click", go(() => 0));
@@ -397,5 +397,6 @@ search.value = start.get("q") || "";
 search.addEventListener("input", remember);
 only.addEventListener("change", remember);
 filter();
+document.body.dataset.drawnMs = Math.round(performance.now());  // from navigation start
 </script></body></html>
 """
