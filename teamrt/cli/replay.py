@@ -24,11 +24,11 @@ from teamrt.replay import (
     Filter,
     Joiner,
     Summary,
-    _event,
     finish,
     members,
     timeline,
 )
+from teamrt.replay.timeline import _event
 
 _COLOURS = [31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96]
 

@@ -1,0 +1,264 @@
+"""The inboxes read back and merged into one timeline; requests joined to their answers."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pydantic_core
+
+from teamrt.errors import StoreError
+from teamrt.mail.filestore import InboxPaths
+from teamrt.replay.agents import read_journal, with_decisions
+from teamrt.replay.events import ENVELOPE_KINDS, WINDOW, Event
+from teamrt.replay.summary import Summary
+
+
+class _Recent:
+    """A bounded set of recently seen keys."""
+
+    def __init__(self, size: int = WINDOW) -> None:
+        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._size = size
+
+    def add(self, key: str) -> bool:
+        """Remember `key`; False if it was already there."""
+        if key in self._keys:
+            return False
+        self._keys[key] = None
+        if len(self._keys) > self._size:
+            self._keys.popitem(last=False)
+        return True
+
+
+class Joiner:
+    """Pairs responses with requests and flags events, one at a time, in timeline order; the
+    same joiner goes on over envelopes read later (`replay --follow`)."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, Event] = {}
+        self._answered = _Recent()
+        self._seen: dict[str, _Recent] = {}
+
+    def feed(self, event: Event) -> Event:
+        if event.kind not in ENVELOPE_KINDS:
+            return event
+        seen = self._seen.setdefault(event.inbox, _Recent())
+        if not seen.add(event.id):
+            event.flags.append("duplicate")
+            return event
+        if event.kind == "request":
+            self.open[event.id] = event
+        elif event.kind == "response" and event.in_reply_to:
+            request = self.open.pop(event.in_reply_to, None)
+            if request is not None:
+                self._answered.add(event.in_reply_to)
+                event.latency = event.ts - request.ts
+                if request.deadline is not None and event.ts > request.deadline:
+                    event.flags.append("late")
+            elif not self._answered.add(event.in_reply_to):
+                event.flags.append("answered twice")
+            else:
+                event.flags.append("no request")
+            if event.type == "error":
+                event.flags.append("error")
+        return event
+
+    def finish(self, now: float | None = None) -> list[tuple[Event, bool]]:
+        """The requests still open, flagged `unanswered` (and `timed out` when their deadline
+        has passed by `now`), each with whether it had a flag before."""
+        moment = time.time() if now is None else now
+        still = [(request, bool(request.flags)) for request in self.open.values()]
+        self.open.clear()
+        for request, _had in still:
+            request.flags.append("unanswered")
+            if request.deadline is not None and request.deadline < moment:
+                request.flags.append("timed out")
+        return still
+
+
+def _finite(value: Any) -> float:
+    """A timestamp to sort by: any number is taken (as shown), a missing or non-finite one is 0."""
+    try:
+        ts = float(value or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+    return ts if math.isfinite(ts) else 0.0
+
+
+def _event(inbox: str, segment: int, offset: int, line: bytes) -> Event:
+    try:
+        data = pydantic_core.from_json(line)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return Event(
+            ts=_finite(data.get("ts")),
+            inbox=inbox,
+            segment=segment,
+            offset=offset,
+            seq=data.get("seq"),
+            id=str(data["id"]),
+            kind=str(data["kind"]),
+            type=str(data.get("type", "text")),
+            sender=str(data["sender"]),
+            recipient=str(data["recipient"]),
+            in_reply_to=data.get("in_reply_to"),
+            trace_id=data.get("trace_id"),
+            deadline=data.get("deadline"),
+            body=data.get("body"),
+            raw=line,
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        return Event(
+            ts=0.0,
+            inbox=inbox,
+            segment=segment,
+            offset=offset,
+            seq=None,
+            id="",
+            kind="corrupt",
+            type="",
+            sender="?",
+            recipient=inbox,
+            in_reply_to=None,
+            trace_id=None,
+            deadline=None,
+            body=None,
+            raw=line,
+            flags=["corrupt"],
+            reason=f"{type(exc).__name__}: {exc}",
+        )
+
+
+def read_inbox(
+    paths: InboxPaths, positions: dict[str, tuple[int, int]] | None = None
+) -> Iterator[Event]:
+    """Every line of one inbox, every segment, in file order. Streams. When it ends, the
+    segment and offset after its last complete line are left in `positions[name]`."""
+    for index, (offset, _end, raw, _too_long) in paths.frames(positions):
+        yield _event(paths.name, index, offset, raw)
+
+
+def members(team_dir: Path) -> list[str]:
+    try:
+        roster = json.loads((team_dir / "team.json").read_text())
+        return [str(m) for m in roster.get("members", [])]
+    except FileNotFoundError:
+        raise StoreError(2, f"no team at {team_dir} (team.json is missing)") from None
+    except OSError as exc:
+        raise StoreError(exc.errno or 0, f"read {team_dir / 'team.json'}: {exc.strerror}") from None
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise StoreError(0, f"unreadable roster {team_dir / 'team.json'}: {exc}") from None
+
+
+def _inbox_stream(
+    paths: InboxPaths, positions: dict[str, tuple[int, int]] | None
+) -> Iterator[Event]:
+    """One inbox's events with a timestamp for merging: a corrupt line borrows the time of the
+    line before it, so it appears where it sits in the file."""
+    last_ts = 0.0
+    for event in read_inbox(paths, positions):
+        if event.kind == "corrupt":
+            event.ts = last_ts
+        else:
+            last_ts = event.ts
+        yield event
+
+
+def timeline(
+    team_dir: str | os.PathLike[str],
+    *,
+    now: float | None = None,
+    summary: Summary | None = None,
+    positions: dict[str, tuple[int, int]] | None = None,
+    keep: Filter | None = None,
+    joiner: Joiner | None = None,
+    agent_files: bool = False,
+) -> Iterator[Event]:
+    """Every inbox merged into one timeline (by send time), each event flagged as it passes;
+    with `agent_files`, the agents' stop, crash and cancel lines and the conductor's decisions
+    in it too.
+
+    Only the events `keep` accepts are yielded and counted in `summary` (pairing and flags
+    always use the whole timeline). Requests still open when the stream ends are flagged
+    `unanswered` (and `timed out` when their deadline has passed) and listed in
+    `summary.unanswered`, unless a `joiner` is given: then they stay open in it, for the
+    caller to go on and `finish` (see `finish`). `positions` receives where each inbox's
+    reading stopped (for following the files afterwards).
+    """
+    root = Path(team_dir)
+    summary = summary if summary is not None else Summary()
+    names = members(root)
+    streams: list[Iterator[Event]] = [
+        _inbox_stream(InboxPaths(root / "inboxes", name), positions) for name in names
+    ]
+    if agent_files:
+        streams += [read_journal(root / "agents" / f"{n}.state.jsonl", n) for n in names]
+    merged: Iterator[Event] = heapq.merge(*streams, key=lambda e: e.ts)
+    if agent_files:
+        merged = with_decisions(merged, root)
+    join = joiner if joiner is not None else Joiner()
+    for event in merged:
+        join.feed(event)
+        if keep is None or keep(event):
+            summary.count(event)
+            yield event
+    if joiner is None:
+        finish(join, summary, keep, now)
+
+
+def finish(
+    joiner: Joiner, summary: Summary, keep: Filter | None = None, now: float | None = None
+) -> list[Event]:
+    """Close the timeline: flag the requests still open and count those `keep` accepts."""
+    kept = []
+    for request, had_flags in joiner.finish(now):
+        if keep is None or keep(request):
+            summary.count_unanswered(request, was_flagged=had_flags)
+            kept.append(request)
+    return kept
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which events to show (pairing and flags always use the whole timeline)."""
+
+    agents: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+    trace: str | None = None
+    since: float | None = None
+    until: float | None = None
+    grep: str | None = None
+
+    def __call__(self, e: Event) -> bool:
+        if (
+            self.agents
+            and e.sender not in self.agents
+            and e.recipient not in self.agents
+            and e.inbox not in self.agents
+        ):
+            return False
+        if self.kinds and e.kind not in self.kinds:
+            return False
+        if self.types and e.type not in self.types:
+            return False
+        if self.trace is not None and e.trace_id != self.trace:
+            return False
+        if self.since is not None and e.ts < self.since:
+            return False
+        if self.until is not None and e.ts > self.until:
+            return False
+        return self.grep is None or self.grep.encode() in e.raw
+
+
+def select(events: Iterable[Event], keep: Filter) -> Iterator[Event]:
+    return (e for e in events if keep(e))
