@@ -58,14 +58,15 @@ def test_send_then_inspect(team: Path, capsys: pytest.CaptureFixture[str]) -> No
                 "request",
                 "--type",
                 "task",
-                "--body",
+                "--text",
                 "plain words",
             ]
         )
         == 0
     )
     request_id = capsys.readouterr().out.strip()
-    assert main(["send", str(team), "--from", "human", "--kind", "broadcast", "--body", "hi"]) == 0
+    human = ["send", str(team), "--from", "human", "--as-human", "--kind", "broadcast"]
+    assert main([*human, "--text", "hi"]) == 0
     capsys.readouterr()
 
     first, second, third = anyio.run(_receive, team, "worker", 3)
@@ -89,35 +90,23 @@ def test_send_then_inspect(team: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_send_errors_are_clear(team: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["send", str(team), "--from", "lead", "--to", "ghost", "--body", "x"]) == 1
+    """A mistake of the caller's exits 2, a failure 1; each says what was wrong on one line."""
+    assert main(["send", str(team), "--from", "lead", "--to", "ghost", "--body", "1"]) == 2
     assert "no member 'ghost' in team 'demo'" in capsys.readouterr().err
-    assert main(["send", str(team), "--from", "lead", "--to", "../x", "--body", "x"]) == 1
+    assert main(["send", str(team), "--from", "lead", "--to", "../x", "--body", "1"]) == 2
     assert "invalid recipient '../x'" in capsys.readouterr().err
-    assert main(["send", str(team.parent / "missing"), "--from", "a", "--to", "b"]) == 1
-    assert "no team directory" in capsys.readouterr().err
     assert (
-        main(
-            [
-                "send",
-                str(team),
-                "--from",
-                "lead",
-                "--to",
-                "worker",
-                "--kind",
-                "request",
-                "--wait",
-                "0.05",
-            ]
-        )
-        == 1
+        main(["send", str(team.parent / "missing"), "--from", "a", "--to", "b", "--body", "1"]) == 1
     )
+    assert "no team directory" in capsys.readouterr().err
+    wait = ["--kind", "request", "--wait", "0.05", "--body", "1"]
+    assert main(["send", str(team), "--from", "lead", "--to", "worker", *wait]) == 1
     assert "no response from worker" in capsys.readouterr().err
     assert main(["inspect", str(team.parent / "missing")]) == 1
     assert "team.json is missing" in capsys.readouterr().err
-    response = ["send", str(team), "--from", "a b", "--to", "lead", "--kind", "response"]
-    assert main([*response, "--in-reply-to", "x"]) == 1  # not a pydantic traceback
-    assert "invalid response: sender" in capsys.readouterr().err
+    response = ["send", str(team), "--from", "lead", "--to", "worker", "--kind", "response"]
+    assert main([*response, "--in-reply-to", "x" * 65, "--body", "1"]) == 2  # not pydantic's
+    assert "invalid response: in_reply_to" in capsys.readouterr().err
 
 
 async def test_response_from_the_command_line(team: Path) -> None:

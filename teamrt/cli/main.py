@@ -1,4 +1,8 @@
-"""The `teamrt` command: send, inspect, repair, replay, rerun, bench, run-agent, demo."""
+"""The `teamrt` command: send, inspect, repair, replay, rerun, bench, run-agent, demo.
+
+Commands raise teamrt's own errors (`UsageError` for the caller's mistakes) and never print a
+traceback: `teamrt.cli.runner` runs them, words what went wrong in one line and turns SIGINT and
+SIGTERM into a graceful stop."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -13,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from pydantic import ValidationError
 
-from teamrt.envelopes import Envelope, Response
-from teamrt.errors import InvalidEnvelope, TeamrtError
+from teamrt import __version__
+from teamrt.cli.runner import Parser, configure_logging, execute
+from teamrt.cli.send import send as send_command
+from teamrt.cli.send import team_dir
+from teamrt.errors import TeamrtError, UsageError
 from teamrt.mail.mailboxes import FileMailboxes
+from teamrt.names import validate_name
 
 DESCRIPTION = """\
 teamrt: an asyncio multi-agent runtime with durable, file-backed mailboxes.
@@ -25,48 +33,28 @@ teamrt: an asyncio multi-agent runtime with durable, file-backed mailboxes.
 A team directory (default root: ./mailboxes/<team>) holds team.json and one JSON Lines inbox per
 member under inboxes/. See mailboxes/README.md for the on-disk format."""
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-def _parse_body(text: str) -> Any:
+
+def _seconds(text: str) -> float:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text  # a bare word or sentence is sent as a JSON string
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return value
 
 
-async def _send(args: argparse.Namespace) -> int:
-    body = _parse_body(args.body)
-    async with FileMailboxes(args.dir, create=False, durability=args.durability) as mail:
-        envelope: Envelope
-        if args.kind == "message":
-            envelope = Envelope.message(args.sender, args.to, body, type=args.type or "text")
-        elif args.kind == "broadcast":
-            envelope = Envelope.broadcast(args.sender, body, type=args.type or "text")
-        elif args.kind == "request":
-            envelope = Envelope.request(
-                args.sender, args.to, body, type=args.type or "request", timeout=args.wait
-            )
-            if args.wait is not None:  # watch for the answer; the sender's inbox is not consumed
-                response = await mail.request(envelope, timeout=args.wait, consume=False)
-                print(response.model_dump_json())
-                return 0
-        else:
-            if not args.in_reply_to:
-                raise SystemExit("teamrt send: --kind response needs --in-reply-to REQUEST_ID")
-            try:
-                envelope = Response(
-                    sender=args.sender,
-                    recipient=args.to,
-                    body=body,
-                    type=args.type or "result",
-                    in_reply_to=args.in_reply_to,
-                )
-            except ValidationError as exc:
-                first = exc.errors(include_url=False)[0]
-                where = ".".join(str(part) for part in first["loc"]) or "envelope"
-                raise InvalidEnvelope(f"invalid response: {where}: {first['msg']}") from None
-        await mail.send(envelope)
-        print(envelope.id)
-    return 0
+def _level(text: str) -> str:
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"not a log level: {text!r} (one of {', '.join(LOG_LEVELS)})"
+        )
+    return text.upper()
+
+
+# -- reading a team directory --
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -74,7 +62,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from teamrt.mail.filestore import lease_holder
     from teamrt.mail.inspect import format_report, inspect_team
 
-    report = inspect_team(args.dir)
+    report = inspect_team(team_dir(args.dir))
     root = Path(args.dir)
     agents: list[dict[str, Any]] = []
     for name in report.members:
@@ -109,7 +97,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _repair(args: argparse.Namespace) -> int:
     from teamrt.mail.filestore.repair import repair_team
 
-    reports = repair_team(args.dir, args.inbox)
+    reports = repair_team(team_dir(args.dir), args.inbox)
     if args.json:
         print(json.dumps([r.to_json_dict() for r in reports], indent=2))
     else:
@@ -122,17 +110,23 @@ def _replay(args: argparse.Namespace) -> int:
     from teamrt.cli.replay import parse_time, run_replay, split
     from teamrt.replay import Filter
 
+    team_dir(args.dir)
     keep = Filter(
         agents=split(args.agent),
         kinds=split(args.kind),
         types=split(args.type),
         trace=args.trace,
-        since=parse_time(args.since),
-        until=parse_time(args.until),
+        since=parse_time(args.since, option="--since"),
+        until=parse_time(args.until, option="--until"),
         grep=args.grep,
     )
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as out:
+        output = Path(args.output)
+        if output.is_dir():
+            raise UsageError(f"-o {output} is a directory; name a file, e.g. {output}/replay.html")
+        if not output.parent.is_dir():
+            raise UsageError(f"-o {output}: there is no directory {output.parent}; create it first")
+        with output.open("w", encoding="utf-8") as out:
             return run_replay(
                 args.dir, fmt=args.format, keep=keep, follow=False, colour="never", out=out
             )
@@ -143,6 +137,7 @@ async def _rerun(args: argparse.Namespace) -> int:
     from teamrt.agents.tools import Tool, tool
     from teamrt.rerun import rerun
 
+    team_dir(args.dir)
     tools: list[Tool] = []
     instructions = ""
     if args.spec:  # without one, the agent is re-run with no tools and no instructions
@@ -163,21 +158,49 @@ async def _rerun(args: argparse.Namespace) -> int:
 
 
 def _load_teammate(spec: str) -> Any:
+    """The Teammate that `--spec module:object` names: the object, or what calling it returns.
+    A spec that names nothing is a usage mistake; a module or factory that fails is a failure."""
     from teamrt.team import Teammate
 
     module_name, _, attribute = spec.partition(":")
-    if not attribute:
-        raise SystemExit("--spec must be module:object")
-    target = getattr(importlib.import_module(module_name), attribute)
-    teammate = target() if callable(target) and not isinstance(target, Teammate) else target
-    if not isinstance(teammate, Teammate):
-        raise SystemExit(f"{spec} is not a Teammate")
-    return teammate
+    if not module_name or not attribute:
+        raise UsageError(f"--spec {spec!r} must be module:object, e.g. mypkg.team:writer")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise UsageError(
+                f"--spec {spec}: no module named {exc.name!r}; check the spelling, and that it "
+                "is importable from here (installed, or on PYTHONPATH)"
+            ) from None
+        raise TeamrtError(f"--spec {spec}: importing {module_name} failed: {exc}") from None
+    except Exception as exc:
+        raise TeamrtError(
+            f"--spec {spec}: importing {module_name} raised {type(exc).__name__}: {exc}"
+        ) from None
+    target = getattr(module, attribute, None)
+    if target is None:
+        raise UsageError(f"--spec {spec}: module {module_name} has no {attribute!r}")
+    if callable(target) and not isinstance(target, Teammate):
+        try:
+            target = target()
+        except Exception as exc:
+            raise TeamrtError(
+                f"--spec {spec}: calling {attribute}() raised {type(exc).__name__}: {exc}"
+            ) from None
+    if not isinstance(target, Teammate):
+        raise UsageError(
+            f"--spec {spec} is a {type(target).__name__}, not a Teammate (or a function "
+            "returning one)"
+        )
+    return target
 
 
 def _bench(args: argparse.Namespace) -> int:
     from teamrt.cli.bench import run_bench
 
+    if args.dir is not None and os.path.exists(args.dir) and not os.path.isdir(args.dir):
+        raise UsageError(f"--dir {args.dir} is a file; give a directory for the scratch teams")
     return run_bench(
         quick=args.quick, as_json=args.json, directory=args.dir, smoke=args.smoke, only=args.only
     )
@@ -186,19 +209,19 @@ def _bench(args: argparse.Namespace) -> int:
 async def _run_agent(args: argparse.Namespace) -> int:
     from teamrt.team import Team, TeamBudget
 
+    team_dir(args.dir)
+    validate_name(args.name, what="member name (--name)")
     teammate = _load_teammate(args.spec)
     if teammate.name != args.name:
         teammate = dataclasses.replace(teammate, name=args.name)
     async with FileMailboxes(args.dir, create=False) as mail:
         roster = mail.members
         if args.name not in roster and not args.join:
-            print(
-                f"teamrt: {args.name!r} is not a member of {args.dir} "
+            raise UsageError(
+                f"{args.name!r} is not a member of {args.dir} "
                 f"(members: {', '.join(roster) or 'none'}); check the spelling, or pass --join "
-                "to add it",
-                file=sys.stderr,
+                "to add it"
             )
-            return 2
         team = Team(
             mail,
             [teammate],
@@ -213,7 +236,16 @@ async def _run_agent(args: argparse.Namespace) -> int:
                 f"(pid {os.getpid()}) in {args.dir}",
                 flush=True,
             )
-            await team.wait()
+            async with anyio.create_task_group() as waiting:  # until it stops, or a signal
+
+                async def stop_on_signal() -> None:
+                    await args.stop.wait()
+                    waiting.cancel_scope.cancel()
+
+                waiting.start_soon(stop_on_signal)
+                await team.wait()
+                waiting.cancel_scope.cancel()
+        # leaving the team's block asked the teammate to stop after its step
         status = team.status[args.name]
     if status.state == "crashed":
         print(f"{args.name}: {status.last}", file=sys.stderr, flush=True)
@@ -222,17 +254,45 @@ async def _run_agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from teamrt.cli.demo import run_demo
+async def _demo(args: argparse.Namespace) -> int:
+    """The demos' coroutines, run here so that a signal stops them like any other command.
+    Each is imported only when chosen: the exchange demo speaks raw envelopes whose types the
+    team package would register payload models for."""
+    from teamrt.cli import demo
 
-    return run_demo(args.name, directory=args.dir, model=args.model)
+    root = Path(args.dir)
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"--dir {root} is a file; give a directory for the demo's teams")
+    if args.name in ("research-writer", "two-process"):
+        from teamrt.demos import research_writer
+
+        two = args.name == "two-process"
+        return await research_writer.run(root, args.model, True, two)
+    if args.name == "conductor":
+        from teamrt.demos import conductor
+
+        return await conductor.run(root, args.model)
+    if args.name == "service":
+        return await demo.service_demo(root, args.model)
+    if args.model != "offline":
+        raise UsageError("the exchange demo has no model (it trades raw requests)")
+    return await demo.lead(root)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="teamrt",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"teamrt {__version__}")
+    parser.add_argument(
+        "--log-level",
+        type=_level,
+        default="WARNING",
+        metavar="LEVEL",
+        help="log teamrt's retries, crashes, restarts and the like to stderr from this level "
+        "up: DEBUG, INFO, WARNING (default), ERROR or CRITICAL",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -241,27 +301,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="append one envelope to an inbox",
         description="Append one envelope to a member's inbox (or every member's, for a "
         "broadcast). Prints the envelope id; with --kind request --wait, waits for "
-        "the response and prints it as JSON.",
+        "the response and prints it as JSON. The sender must be a member of the team, or "
+        "a person outside it (--as-human).",
     )
     send.add_argument("dir", help="team directory, e.g. mailboxes/demo")
-    send.add_argument("--from", dest="sender", required=True, help="sender name")
+    send.add_argument("--from", dest="sender", required=True, help="sender name (a member)")
+    send.add_argument(
+        "--as-human",
+        action="store_true",
+        help="the sender is a person outside the roster, not a misspelt member",
+    )
     send.add_argument("--to", help="recipient name (not for broadcasts)")
     send.add_argument(
         "--kind", default="message", choices=["message", "request", "response", "broadcast"]
     )
     send.add_argument("--type", help="body type (default: text, request or result)")
-    send.add_argument("--body", default="null", help="JSON body; plain text is sent as a string")
+    body = send.add_mutually_exclusive_group(required=True)
+    body.add_argument("--body", help="the body as JSON, e.g. '{\"x\": 1}' or '\"a string\"'")
+    body.add_argument("--text", help="the body as a plain string")
     send.add_argument("--in-reply-to", help="for --kind response: the request id")
     send.add_argument(
         "--wait",
-        type=float,
+        type=_seconds,
         metavar="SECONDS",
         help="for --kind request: wait this long for the response and print it (the answer "
         "is read without consuming the sender's inbox: its owner, if running, gets it too)",
     )
     send.add_argument("--durability", default="none", choices=["none", "fsync"])
-    send.set_defaults(run=_send, is_async=True)
-
+    send.set_defaults(run=send_command)
     inspect = commands.add_parser(
         "inspect",
         help="summarise a team directory",
@@ -270,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("dir", help="team directory")
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
-    inspect.set_defaults(run=_inspect, is_async=False)
+    inspect.set_defaults(run=_inspect)
 
     repair = commands.add_parser(
         "repair",
@@ -284,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("dir", help="team directory")
     repair.add_argument("--inbox", help="only this member's inbox (default: every member's)")
     repair.add_argument("--json", action="store_true", help="print one JSON list")
-    repair.set_defaults(run=_repair, is_async=False)
+    repair.set_defaults(run=_repair)
 
     replay = commands.add_parser(
         "replay",
@@ -320,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("--color", default="auto", choices=["auto", "always", "never"])
     replay.add_argument("-o", "--output", help="write to this file instead of standard output")
-    replay.set_defaults(run=_replay, is_async=False)
+    replay.set_defaults(run=_replay)
 
     rerun = commands.add_parser(
         "rerun",
@@ -337,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="module:object naming the agent's Teammate (its tools and "
         "instructions as the code has them now)",
     )
-    rerun.set_defaults(run=_rerun, is_async=True)
+    rerun.set_defaults(run=_rerun)
 
     bench = commands.add_parser(
         "bench",
@@ -362,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run one group of measurements",
     )
     bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
-    bench.set_defaults(run=_bench, is_async=False)
+    bench.set_defaults(run=_bench)
 
     run_agent = commands.add_parser(
         "run-agent",
@@ -380,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_agent.add_argument(
         "--join", action="store_true", help="add the name to the team's roster if it is not there"
     )
-    run_agent.set_defaults(run=_run_agent, is_async=True)
+    run_agent.set_defaults(run=_run_agent, graceful=True)
 
     demo = commands.add_parser(
         "demo",
@@ -416,17 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        if args.is_async:
-            return int(anyio.run(args.run, args))
-        return int(args.run(args))
-    except TeamrtError as exc:
-        print(f"teamrt {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # `teamrt replay DIR | head`: the reader left, which is fine
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        return 130
+    configure_logging(args.log_level)
+    return execute(args)
 
 
 if __name__ == "__main__":
