@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 
 from teamrt.demos import research_writer
 from teamrt.demos.service import app
+from teamrt.errors import UsageError
 from teamrt.models import allow_model_requests
 from tests.brain_server import BrainServer
 
@@ -62,3 +63,13 @@ def test_service_on_an_openai_compatible_server(
         assert response.status_code == 200, response.text
         assert body["stop_reason"] == "answer" and body["tokens"] > 0
         assert sum(server.calls.values()) == 6
+
+
+def test_service_refuses_to_start_without_a_model_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEAMRT_SERVICE_DIR", str(tmp_path / "svc"))
+    monkeypatch.setenv("TEAMRT_SERVICE_MODEL", "openai")
+    monkeypatch.delenv("OPENAI_MODEL", raising=False)
+    with pytest.raises(UsageError, match="needs OPENAI_MODEL"), TestClient(app):
+        pass

@@ -66,8 +66,15 @@ def prices() -> dict[str, tuple[float, float]]:
 
 async def check_environment(choice: str) -> None:
     """Raise if a demo on `choice` cannot start, in one line: `UsageError` for a missing
-    variable, a malformed price table or model requests switched off, `DemoFailed` for a
-    server that cannot be reached."""
+    variable, a malformed price table or model requests switched off (`check_variables`),
+    `DemoFailed` for a server that cannot be reached (`probe`)."""
+    check_variables(choice)
+    if choice == "openai":
+        await probe(os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1")
+
+
+def check_variables(choice: str) -> None:
+    """Raise `UsageError` (one line) if the environment cannot run a demo on `choice`."""
     if choice not in CHOICES:
         raise UsageError(f"unknown model {choice!r}: pick one of {', '.join(CHOICES)}")
     prices()  # a malformed TEAMRT_PRICES raises here, before anything starts
@@ -78,8 +85,7 @@ async def check_environment(choice: str) -> None:
             "--model openai needs OPENAI_MODEL, the model's name (e.g. gpt-4.1-mini, or "
             "llama3.1:8b on a local Ollama)"
         )
-    base_url = os.environ.get("OPENAI_BASE_URL")
-    if not base_url and not os.environ.get("OPENAI_API_KEY"):
+    if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
         raise UsageError(
             "--model openai needs OPENAI_API_KEY (or, for a local server that needs no key, "
             "OPENAI_BASE_URL alone, e.g. http://localhost:11434/v1)"
@@ -88,7 +94,6 @@ async def check_environment(choice: str) -> None:
         raise UsageError(
             "real model requests are switched off here (TEAMRT_ALLOW_MODEL_REQUESTS=0)"
         )
-    await probe(base_url or "https://api.openai.com/v1")
 
 
 async def probe(base_url: str, timeout: float = PROBE_TIMEOUT) -> None:

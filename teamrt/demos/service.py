@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from teamrt.demos import real
 from teamrt.demos.research_writer import TASK, teammates
 from teamrt.errors import RemoteError, RequestTimeout
 from teamrt.mail import FileMailboxes
@@ -98,6 +99,7 @@ def demo_team(model: str | None = None) -> list[Teammate]:
     (default: TEAMRT_SERVICE_MODEL, else offline)."""
     replicas = int(os.environ.get("TEAMRT_SERVICE_REPLICAS", "2"))
     model = model or os.environ.get("TEAMRT_SERVICE_MODEL", "offline")
+    real.check_variables(model)  # at start-up, not in each teammate's first call
     return [dataclasses.replace(t, replicas=replicas) for t in teammates(model)]
 
 
