@@ -24,7 +24,7 @@ from teamrt.conductor.state import ConductorState
 from teamrt.errors import RequestTimeout
 from teamrt.mail.log import encode, stamp
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
-from teamrt.replay import Filter
+from teamrt.replay import Filter, timeline
 from teamrt.team import Team, Teammate
 
 MEMBERS = ["lead", "writer", "breaker", "sleeper", "conductor", "human"]
@@ -279,3 +279,45 @@ def test_the_page_stays_bounded_at_100000_envelopes(tmp_path: Path) -> None:
     assert len(rows(dom)) == 100  # one page of rows in the document, not all of them
     assert "page 1 of 200" in dom and "20,000 of 20,000 events" in dom
     assert int(re.search(r'data-drawn-ms="(\d+)"', dom).group(1)) >= 0  # type: ignore[union-attr]
+
+
+def test_a_body_cannot_break_out_of_the_page(tmp_path: Path) -> None:
+    nasty = "</script><!--<script>document.title='pwned'</script>\u2028"
+
+    async def send() -> None:
+        async with FileMailboxes(tmp_path / "t", members=["lead", "worker"]) as mail:
+            await mail.send(Envelope.message("lead", "worker", nasty, type="x</script>"))
+
+    anyio.run(send)
+    page = _page(tmp_path / "t", tmp_path)
+    source = page.read_text()
+    assert source.count("</script>") == source.count("<script") and "<!--" not in source
+    (events,) = re.findall(
+        r'<script id="events" type="application/json">(.*?)</script>', source, re.S
+    )
+    assert json.loads(events)[0]["body"] == nasty
+    dom = browse(page, tmp_path / "profile", "--dump-dom")
+    assert "<title>teamrt replay: t</title>" in dom and "1 of 1 events" in dom
+
+
+def test_decisions_sit_at_the_envelopes_that_carried_them_out() -> None:
+    sample = Path(__file__).parent.parent / "mailboxes" / "samples" / "conductor-team"
+    events = list(timeline(sample, agent_files=True))
+    for i, e in enumerate(events):
+        if e.kind == "decision" and e.type == "assign":
+            worker = e.body["detail"].split(",")[0].removeprefix("to ")
+            after = events[i + 1]
+            assert (after.kind, after.type, after.recipient) == ("request", "task", worker)
+        if e.kind == "decision" and e.type == "submit":
+            before = events[i - 1]
+            assert (before.kind, before.type, before.sender) == (
+                "response",
+                "task_result",
+                e.sender,
+            )
+    assert events[-1].kind == "decision" and events[-1].body == {"outcome": "accepted"}
+    stops = [e for e in events if e.kind == "stop"]  # recorded before stop lines had a time
+    assert {e.sender for e in stops} == {"builder-1", "builder-2"} and all(
+        e.to_json_dict()["ts"] is None for e in stops
+    )
+    assert [e.kind for e in timeline(sample)].count("decision") == 0  # envelopes only, by default
