@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench dist clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ pytest: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/teamrt bench
+
+DIST ?= dist
+dist: $(STAMP)  # the sdist, and the wheel built from it
+	rm -rf $(DIST)
+	$(BIN)/python -m build --outdir $(DIST) .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

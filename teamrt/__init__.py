@@ -1,5 +1,6 @@
 """teamrt: an asyncio multi-agent runtime with durable, file-backed mailboxes."""
 
+import teamrt._posix  # noqa: F401  (first: off POSIX, fail saying so)
 from teamrt.envelopes import (
     Broadcast,
     Envelope,

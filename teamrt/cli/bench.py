@@ -30,6 +30,7 @@ import anyio
 
 from teamrt.agents import Agent, Limits, Memory, tool
 from teamrt.cli.bench_models import model_figures
+from teamrt.cli.bench_startup import startup_figures
 from teamrt.cli.bench_team import team_figures
 from teamrt.envelopes import Envelope, Message, new_id
 from teamrt.mail.log import encode, stamp
@@ -890,6 +891,7 @@ async def _run(root: Path, sizes: Sizes, only: str | None) -> list[Figure]:
         ("acks", lambda: ack_costs(bench)),
         ("teamwork", lambda: team_figures(bench)),
         ("models", lambda: model_figures(bench)),
+        ("startup", lambda: startup_figures(bench)),
     ]
     for name, step in steps:
         if only is None or name == only or (only == "contention" and name == "sends"):

@@ -18,9 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import openai
-
-from teamrt.models import ChatMessage, OpenAIModel, ToolSpec, allow_model_requests
+from teamrt.models import ChatMessage, ToolSpec, allow_model_requests
 
 if TYPE_CHECKING:
     from teamrt.cli.bench import Bench
@@ -161,7 +159,10 @@ async def _compare(
 
 
 async def model_figures(bench: Bench) -> None:
+    import openai  # only here: `teamrt bench --only startup` must not pay for the SDK
+
     from teamrt.cli.bench import Figure
+    from teamrt.models import OpenAIModel
 
     calls = 100 if bench.sizes.sends < 1000 else 1000
     wire: Any = [

@@ -424,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         choices=[
             *("sends", "contention", "round_trips", "wakes", "depth", "agent", "team", "replay"),
-            *("acks", "teamwork", "models"),
+            *("acks", "teamwork", "models", "startup"),
         ],
         help="run one group of measurements",
     )

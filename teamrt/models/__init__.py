@@ -1,4 +1,9 @@
-"""Models: the interface, offline doubles, and the OpenAI-compatible adapter."""
+"""Models: the interface, offline doubles, and the OpenAI-compatible adapter.
+
+`OpenAIModel` is imported on first use (`teamrt.models.OpenAIModel`), so the OpenAI SDK, which
+takes most of a second to import, is loaded only by a program that makes an OpenAI model."""
+
+from typing import TYPE_CHECKING, Any
 
 from teamrt.models.base import (
     ChatMessage,
@@ -14,7 +19,18 @@ from teamrt.models.base import (
     set_model_requests_allowed,
 )
 from teamrt.models.offline import FunctionModel, ScriptedModel, call, calls, reply
-from teamrt.models.openai_model import OpenAIModel
+
+if TYPE_CHECKING:
+    from teamrt.models.openai_model import OpenAIModel
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OpenAIModel":
+        from teamrt.models.openai_model import OpenAIModel
+
+        return OpenAIModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ChatMessage",

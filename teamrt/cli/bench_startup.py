@@ -1,0 +1,64 @@
+"""Startup figures for `teamrt bench`: how long a fresh process takes to import teamrt (and to
+run `teamrt --version`), beside `python -c pass` measured in the same run, runs interleaved so
+that both see the same machine. The target is the import's own cost: under 300 ms above the
+interpreter's start. The OpenAI SDK is imported only by a program that makes an OpenAI model;
+the last figure shows what that costs when it does."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import anyio
+
+if TYPE_CHECKING:
+    from teamrt.cli.bench import Bench
+
+IMPORT_TARGET_MS = 300.0
+
+_PROGRAMS = {
+    "import teamrt, fresh process": ["-c", "import teamrt"],
+    "import teamrt.agents.limits, fresh process": ["-c", "import teamrt.agents.limits"],
+    "teamrt --version, fresh process": ["-m", "teamrt", "--version"],
+    "import teamrt.models.OpenAIModel (loads openai)": [
+        "-c",
+        "from teamrt.models import OpenAIModel",
+    ],
+}
+
+
+async def _once(args: list[str], cwd: str) -> float:
+    """Milliseconds for one fresh interpreter to run `args` to the end."""
+    started = time.perf_counter()
+    await anyio.run_process([sys.executable, *args], cwd=cwd, check=True)
+    return (time.perf_counter() - started) * 1000
+
+
+async def startup_figures(bench: Bench) -> None:
+    from teamrt.cli.bench import Figure
+
+    runs = 3 if bench.sizes.sends < 1000 else 9  # smoke sizes: a check that it works
+    cwd = str(bench.root)  # outside any checkout: the installed teamrt is what is imported
+    times: dict[str, list[float]] = {name: [] for name in ["baseline", *_PROGRAMS]}
+    await _once(["-c", "import teamrt.models.openai_model"], cwd)  # warm the file cache
+    for _ in range(runs):
+        times["baseline"].append(await _once(["-c", "pass"], cwd))
+        for name, args in _PROGRAMS.items():
+            times[name].append(await _once(args, cwd))
+    baseline = statistics.median(times["baseline"])
+    for name in _PROGRAMS:
+        value = statistics.median(times[name])
+        lazy = "openai" not in name
+        bench.add(
+            Figure(
+                f"{name}, median of {runs}",
+                value,
+                "ms",
+                "python -c pass",
+                baseline,
+                f"< {IMPORT_TARGET_MS:.0f} ms above it" if lazy else "",
+                (value - baseline < IMPORT_TARGET_MS) if lazy else None,
+            )
+        )
