@@ -142,7 +142,7 @@ table{border-collapse:collapse}
  white-space:nowrap;vertical-align:middle}
 #timeline td.lane{padding:0}
 #timeline svg{display:block;overflow:visible}
-#lanehead{padding-right:40px}
+#lanehead{padding-right:56px}
 tr.event{cursor:pointer;height:24px} tr.event:hover{background:#f0f0f8}
 tr.agentline{background:#f4f8ff} tr.decision{background:#fbf8ec}
 tr.flagged{background:#fff1f0} tr.flagged td:first-child{border-left:4px solid #c0392b}
@@ -154,7 +154,7 @@ td.body{max-width:0;width:100%}
 pre#detail{background:#f7f7f7;padding:1em;white-space:pre-wrap;max-height:30em;overflow:auto}
 #controls{position:sticky;top:0;background:#fff;padding:.5em 0;z-index:1;
  border-bottom:1px solid #ccd}
-#controls button{min-width:2.5em}
+#controls button{min-width:2.5em} #page{margin:0 .4em}
 #notice{background:#fff8e0;border:1px solid #e0c060;padding:4px 8px;margin:.5em 0}
 </style></head><body>
 <h1>teamrt replay: TEAM</h1>
