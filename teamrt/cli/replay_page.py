@@ -47,7 +47,9 @@ class Html:
         self._flagged: list[tuple[int, Event]] = []
         self._flagged_cap = max_rows // 4
         self._tail: deque[tuple[int, Event]] = deque(maxlen=max_rows // 4)
-        self._index: dict[int, int] = {}  # id(event) -> position, for unanswered requests skipped
+        # (inbox, id) -> position of the requests not in the first rows: where to put the ones
+        # found unanswered at the end (the most recent only: bounded)
+        self._index: dict[tuple[str, str], int] = {}
         self._requests: set[str] = set()  # requests written in the first rows
         self.seen = 0
         self.written = 0
@@ -89,7 +91,7 @@ class Html:
         else:
             self._tail.append((n, e))
             if e.kind == "request":
-                self._index[id(e)] = n
+                self._index.setdefault((e.inbox, e.id), n)
                 if len(self._index) > 4 * self._flagged_cap:  # bounded: forget the oldest
                     del self._index[next(iter(self._index))]
 
@@ -100,8 +102,8 @@ class Html:
         for e in summary.unanswered:
             if e.id in self._requests:
                 patch[e.id] = e.flags  # written before its flags were known
-            elif id(e) in self._index and len(rows) < 2 * self._flagged_cap:
-                rows.setdefault(self._index[id(e)], e)
+            elif (e.inbox, e.id) in self._index and len(rows) < 2 * self._flagged_cap:
+                rows.setdefault(self._index[e.inbox, e.id], e)
         for n in sorted(rows):
             self._write(n, rows[n])
         stats: dict[str, Any] = {
