@@ -4,9 +4,10 @@ Several agents call it at once, in any order, so it keeps no script: each Chat C
 request is turned back into teamrt `ChatMessage`s and `ToolSpec`s (a tool result's name is
 found from the call it answers, which the wire does not repeat), the brain is picked by the
 system prompt (the teammate's instructions), and its reply is sent as a chat completion with
-tool calls or text, with usage. The real `openai` client, the HTTP path and the demo code run
-end to end. It can also fail: every answer an HTTP error (`status`), every answer text without
-tool calls (`mute`), or one brain's answers an error (a brain that raises `Refuse`).
+tool calls or text, with usage (streamed when asked to). The real `openai` client, the HTTP
+path and the demo code run end to end. It can also fail: every answer an HTTP error (`status`),
+every answer text without tool calls (`mute`), or one brain's answers an error (a brain that
+raises `Refuse`).
 """
 
 from __future__ import annotations
@@ -129,12 +130,27 @@ class BrainServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 server.authorization.add(self.headers.get("authorization"))
                 status, answer = server.answer(self.path, body)
+                if status == 200 and body.get("stream"):
+                    self._stream(answer)
+                    return
                 data = json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _stream(self, answer: dict[str, Any]) -> None:
+                """The same answer as server-sent events: one chunk with the whole message,
+                the finish reason, the usage, [DONE]."""
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                for event in stream_events(answer):
+                    data = f"data: {event}\n\n".encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.write(b"0\r\n\r\n")
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -175,6 +191,27 @@ class BrainServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self._thread.join(timeout=5)
+
+
+def stream_events(answer: dict[str, Any]) -> list[str]:
+    """A chat completion as the data lines of a streamed one (Chat Completions chunks)."""
+    choice = answer["choices"][0]
+    message = dict(choice["message"])
+    delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+    head = {"id": answer["id"], "object": "chat.completion.chunk", "model": answer["model"]}
+    return [
+        json.dumps({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}),
+        json.dumps(
+            {
+                **head,
+                "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
+            }
+        ),
+        json.dumps({**head, "choices": [], "usage": answer["usage"]}),
+        "[DONE]",
+    ]
 
 
 def _error(message: str) -> dict[str, Any]:

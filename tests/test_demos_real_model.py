@@ -8,6 +8,7 @@ run that cannot start or stopped early one line on standard error and no traceba
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -22,7 +23,7 @@ from teamrt.demos import conductor, real, research_writer
 from teamrt.demos.real import DemoFailed
 from teamrt.demos.research_writer import RESEARCHER, WRITER
 from teamrt.errors import UsageError
-from teamrt.models import ChatMessage, ToolSpec, allow_model_requests
+from teamrt.models import ChatMessage, ModelReply, OpenAIModel, ToolSpec, allow_model_requests
 from tests.brain_server import Brain, BrainServer, Refuse
 
 RESEARCH_ROUTES = [
@@ -376,3 +377,18 @@ async def test_research_writer_in_this_process(
     out = capsys.readouterr().out
     assert out.count("answer (") == 2 and "cost unknown" not in out
     assert server.calls[RESEARCHER] == 4 and server.calls[WRITER] == 2
+
+
+async def test_the_brain_server_streams_when_asked(brains: BrainServer) -> None:
+    """If a demo's agents stream (someone listens), the same brains answer."""
+    task = ChatMessage.user("Findings:\n- Limits: stop somewhere.")
+    model = OpenAIModel("brain", base_url=brains.url)
+    try:
+        with allow_model_requests():
+            items = [i async for i in model.stream([ChatMessage.system(WRITER), task], [])]
+    finally:
+        await model.aclose()
+    reply = items[-1]
+    assert isinstance(reply, ModelReply) and reply.tool_calls[0].name == "write_file"
+    assert "## Limits" in json.loads(reply.tool_calls[0].arguments)["content"]
+    assert reply.usage.input_tokens > 0
