@@ -73,6 +73,8 @@ CASES: list[tuple[tuple[str, ...], int, str]] = [
     (("rerun", "afile", "--agent", "lead"), 2, "afile is a file, not a team directory"),
     (("send", "afile", "--from", "lead", "--to", "worker", "--body", "1"), 2, "is a file"),
     (("inspect", "nowhere"), 1, "team.json is missing"),
+    (("inspect", ""), 2, "an empty string"),
+    (("rerun", "t", "--agent", "../lead"), 2, "invalid agent name (--agent)"),
     (("rerun", "t", "--agent", "ghost"), 2, "no transcript"),
     # replay's own arguments
     (("replay", "t", "--since", "yesterday"), 2, "--since 'yesterday' is not a time"),

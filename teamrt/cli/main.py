@@ -138,6 +138,7 @@ async def _rerun(args: argparse.Namespace) -> int:
     from teamrt.rerun import rerun
 
     team_dir(args.dir)
+    validate_name(args.agent, what="agent name (--agent)")
     tools: list[Tool] = []
     instructions = ""
     if args.spec:  # without one, the agent is re-run with no tools and no instructions

@@ -20,6 +20,8 @@ from teamrt.names import validate_name
 
 def team_dir(path: str) -> str:
     """A team directory argument that names a file is the caller's mistake, said up front."""
+    if not path:
+        raise UsageError("the team directory is an empty string; give one, e.g. mailboxes/demo")
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(
             f"{path} is a file, not a team directory (one holds team.json and inboxes/)"
