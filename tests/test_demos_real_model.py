@@ -23,7 +23,14 @@ from teamrt.demos import conductor, real, research_writer
 from teamrt.demos.real import DemoFailed
 from teamrt.demos.research_writer import RESEARCHER, WRITER
 from teamrt.errors import UsageError
-from teamrt.models import ChatMessage, ModelReply, OpenAIModel, ToolSpec, allow_model_requests
+from teamrt.models import (
+    ChatMessage,
+    ModelReply,
+    OpenAIModel,
+    ToolSpec,
+    allow_model_requests,
+    call,
+)
 from tests.brain_server import Brain, BrainServer, Refuse
 
 RESEARCH_ROUTES = [
@@ -179,6 +186,25 @@ def test_a_model_that_answers_without_delegating(tmp_path: Path) -> None:
     assert "researcher's answer: I looked into it." in result.stdout
     assert "  researcher   answer (1 steps, 0 tool calls" in result.stdout
     assert "  writer       never given a task" in result.stdout
+
+
+def test_a_writer_that_writes_another_file(tmp_path: Path) -> None:
+    """The headline of the issue: the writer did not write agent-loop.md (here it picked
+    another name). The run says so in one line, after both stop reports; no traceback."""
+
+    def wayward(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+        if messages[-1].role == "tool":
+            return f"Done: {messages[-1].content}"
+        return call("write_file", name="loop-notes.md", content="# Notes")
+
+    routes: list[tuple[str, Brain]] = [(RESEARCHER, research_writer.researcher_brain)]
+    with BrainServer([*routes, (WRITER, wayward)]) as server:
+        result = demo(tmp_path, "two-process", OPENAI_BASE_URL=server.url)
+    assert result.returncode == 1
+    assert one_line_error(result) == (
+        "teamrt demo: the writer answered but never wrote agent-loop.md (it wrote loop-notes.md)"
+    )
+    assert "  writer       answer (2 steps, 1 tool calls" in result.stdout
 
 
 @pytest.mark.parametrize("name", ["research-writer", "two-process", "service", "conductor"])
