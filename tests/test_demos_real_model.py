@@ -421,3 +421,18 @@ async def test_the_brain_server_streams_when_asked(brains: BrainServer) -> None:
     assert isinstance(reply, ModelReply) and reply.tool_calls[0].name == "write_file"
     assert "## Limits" in json.loads(reply.tool_calls[0].arguments)["content"]
     assert reply.usage.input_tokens > 0
+
+
+async def test_service_demo_in_this_process(
+    tmp_path: Path, openai_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from teamrt.cli.demo import service_demo
+
+    openai_env.setenv("TEAMRT_DEMO_SCRATCH", str(tmp_path / "scratch"))
+    openai_env.delenv("TEAMRT_SERVICE_DIR", raising=False)
+    with BrainServer(RESEARCH_ROUTES, mute=True) as server, allow_model_requests():
+        openai_env.setenv("OPENAI_BASE_URL", server.url)
+        assert await service_demo(tmp_path, "openai") == 1
+    captured = capsys.readouterr()
+    assert "no writer wrote agent-loop.md" in captured.err
+    assert captured.out.count("never given a task") == 3  # both writers, one researcher

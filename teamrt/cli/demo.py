@@ -3,6 +3,9 @@
 The lead (this process) starts the worker as a separate Python process on the same team
 directory, sends it requests and awaits the responses matched by id, then broadcasts a shutdown.
 Everything goes through real files under real locks; the worker wakes on inotify.
+
+`service_demo` is `teamrt demo service`: the service app driven in memory. The other demos live
+in `teamrt.demos`; `teamrt.cli.main` picks one.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from pathlib import Path
 import anyio
 
 from teamrt.envelopes import Envelope, Request
-from teamrt.errors import UsageError
 from teamrt.mail.mailboxes import FileMailboxes
 
 TEAM = "exchange"
@@ -127,38 +129,6 @@ async def service_demo(root: Path, model: str = "offline") -> int:
     if failure is None and not (scratch_dir() / DOCUMENT).exists():
         failure = f"no writer wrote {DOCUMENT}: the researcher answered without asking a writer"
     return real.fail(failure) if failure is not None else 0
-
-
-def run_demo(name: str, *, directory: str, model: str = "offline") -> int:
-    """Run a demo; a mistake in how it was asked for (a missing variable, say) is one line on
-    stderr and exit code 2."""
-    try:
-        return _run_demo(name, directory=directory, model=model)
-    except UsageError as exc:
-        print(f"teamrt demo: {exc}", file=sys.stderr)
-        return 2
-
-
-def _run_demo(name: str, *, directory: str, model: str = "offline") -> int:
-    if name == "research-writer":
-        from teamrt.demos import research_writer
-
-        return int(anyio.run(research_writer.run, Path(directory), model))
-    if name == "two-process":
-        from teamrt.demos import research_writer
-
-        return int(anyio.run(research_writer.run, Path(directory), model, True, True))
-    if name == "conductor":
-        from teamrt.demos import conductor
-
-        return int(anyio.run(conductor.run, Path(directory), model))
-    if name == "service":
-        return int(anyio.run(service_demo, Path(directory), model))
-    if name == "exchange":
-        if model != "offline":
-            raise UsageError("the exchange demo has no model (it trades raw requests)")
-        return int(anyio.run(lead, Path(directory)))
-    raise SystemExit(f"unknown demo {name!r}")
 
 
 if __name__ == "__main__":
