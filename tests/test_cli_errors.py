@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anyio
@@ -134,11 +136,20 @@ CASES: list[tuple[tuple[str, ...], int, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("args", "code", "words"), CASES, ids=lambda v: None)
+@pytest.fixture(scope="module")
+def outcomes(place: Path) -> list[subprocess.CompletedProcess[str]]:
+    """Every case run once, a few at a time (each is a process of its own; none writes)."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return list(pool.map(lambda case: teamrt(*case[0], cwd=place), CASES))
+
+
+@pytest.mark.timeout(300)  # the first one waits for every case's process
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[words for _, _, words in CASES])
 def test_a_mistake_is_one_line_and_an_exit_code(
-    place: Path, args: tuple[str, ...], code: int, words: str
+    outcomes: list[subprocess.CompletedProcess[str]], index: int
 ) -> None:
-    result = teamrt(*args, cwd=place)
+    _, code, words = CASES[index]
+    result = outcomes[index]
     assert "Traceback" not in result.stdout + result.stderr
     assert result.stderr.count("\n") == 1, result.stderr  # one line
     assert result.stderr.startswith("teamrt"), result.stderr  # says which command
