@@ -292,3 +292,23 @@ def test_ctrl_c_while_send_waits_for_an_answer(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "Traceback" not in out + err
     assert err.count("\n") == 1 and "SIGINT received" in err
+
+
+def test_sigterm_stops_a_command_that_runs_no_team(tmp_path: Path) -> None:
+    """`replay --follow` runs until stopped: SIGTERM ends it with one line and 143."""
+    anyio.run(_create, tmp_path / "t")
+    sent = teamrt("send", "t", "--from", "lead", "--to", "worker", "--text", "hi", cwd=tmp_path)
+    assert sent.returncode == 0, sent.stderr
+    proc = _start(["replay", "t", "--follow", "--color", "never"], tmp_path)
+    try:
+        assert proc.stdout is not None
+        assert "lead -> worker" in proc.stdout.readline()  # following now
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err
+    assert err == "teamrt replay: SIGTERM received, stopped\n"
+    assert "Traceback" not in out

@@ -101,16 +101,34 @@ async def supervised(args: argparse.Namespace) -> int:
     return 128 + received[0] if received else code
 
 
+class Terminated(BaseException):
+    """SIGTERM during a command that runs no team (inspect, replay, bench): unwinds it like
+    Ctrl-C does, so that its `finally` blocks (scratch directories, say) still run."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def execute(args: argparse.Namespace) -> int:
     """Run one command; say what went wrong in one line, with the exit code that fits."""
     name = f"teamrt {args.command}"
     try:
         if inspect.iscoroutinefunction(args.run):
             return int(anyio.run(supervised, args))
-        return int(args.run(args))
+        if threading.current_thread() is not threading.main_thread():
+            return int(args.run(args))
+        previous = signal.signal(signal.SIGTERM, _terminated)
+        try:
+            return int(args.run(args))
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"{name}: SIGTERM received, stopped", file=sys.stderr)
+        return 143
     except BrokenPipeError:  # `teamrt replay DIR | head`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
