@@ -7,25 +7,14 @@ SIGTERM into a graceful stop."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
-import json
 import math
-import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
-
-import anyio
 
 from teamrt import __version__
+from teamrt.cli import commands as cmd
 from teamrt.cli.runner import Parser, configure_logging, execute
 from teamrt.cli.send import send as send_command
-from teamrt.cli.send import team_dir
-from teamrt.errors import TeamrtError, UsageError
-from teamrt.mail.mailboxes import FileMailboxes
-from teamrt.names import validate_name
 
 DESCRIPTION = """\
 teamrt: an asyncio multi-agent runtime with durable, file-backed mailboxes.
@@ -54,230 +43,7 @@ def _level(text: str) -> str:
     return text.upper()
 
 
-# -- reading a team directory --
-
-
-def _inspect(args: argparse.Namespace) -> int:
-    from teamrt.agents.journal import summarise
-    from teamrt.mail.filestore import lease_holder
-    from teamrt.mail.inspect import format_report, inspect_team
-
-    report = inspect_team(team_dir(args.dir))
-    root = Path(args.dir)
-    agents: list[dict[str, Any]] = []
-    for name in report.members:
-        journal = root / "agents" / f"{name}.state.jsonl"
-        agents.append(
-            {
-                "name": name,
-                "running": lease_holder(root, name),
-                "last_run": summarise(journal) if journal.exists() else None,
-            }
-        )
-    if args.json:
-        print(json.dumps({**report.to_json_dict(), "agents": agents}, indent=2))
-        return 0
-    print(format_report(report))
-    print("\nagent       running                                          last run")
-    for agent in agents:
-        run = agent["last_run"]
-        last = (
-            "no agent journal"
-            if run is None
-            else (
-                f"{run['stop_reason']}: {run['steps']} steps, {run['tool_calls']} tool calls, "
-                f"{run['tokens']} tokens, "
-                + ("cost unknown" if run["cost"] is None else f"${run['cost']:.4f}")
-            )
-        )
-        print(f"{agent['name']:10}  {agent['running'] or 'no':47}  {last}")
-    return 0
-
-
-def _repair(args: argparse.Namespace) -> int:
-    from teamrt.mail.filestore.repair import repair_team
-
-    reports = repair_team(team_dir(args.dir), args.inbox)
-    if args.json:
-        print(json.dumps([r.to_json_dict() for r in reports], indent=2))
-    else:
-        for report in reports:
-            print("\n".join(report.lines()))
-    return 0
-
-
-def _replay(args: argparse.Namespace) -> int:
-    from teamrt.cli.replay import parse_time, run_replay, split
-    from teamrt.replay import Filter
-
-    team_dir(args.dir)
-    keep = Filter(
-        agents=split(args.agent),
-        kinds=split(args.kind),
-        types=split(args.type),
-        trace=args.trace,
-        since=parse_time(args.since, option="--since"),
-        until=parse_time(args.until, option="--until"),
-        grep=args.grep,
-    )
-    if args.output:
-        output = Path(args.output)
-        if output.is_dir():
-            raise UsageError(f"-o {output} is a directory; name a file, e.g. {output}/replay.html")
-        if not output.parent.is_dir():
-            raise UsageError(f"-o {output}: there is no directory {output.parent}; create it first")
-        with output.open("w", encoding="utf-8") as out:
-            return run_replay(
-                args.dir, fmt=args.format, keep=keep, follow=False, colour="never", out=out
-            )
-    return run_replay(args.dir, fmt=args.format, keep=keep, follow=args.follow, colour=args.color)
-
-
-async def _rerun(args: argparse.Namespace) -> int:
-    from teamrt.agents.tools import Tool, tool
-    from teamrt.rerun import rerun
-
-    team_dir(args.dir)
-    validate_name(args.agent, what="agent name (--agent)")
-    tools: list[Tool] = []
-    instructions = ""
-    if args.spec:  # without one, the agent is re-run with no tools and no instructions
-        teammate = _load_teammate(args.spec)
-        tools = [t if isinstance(t, Tool) else tool(t) for t in teammate.tools]
-        instructions = teammate.instructions
-    report, divergence, recorded = await rerun(
-        Path(args.dir) / "agents", args.agent, tools, instructions
-    )
-    if divergence is None:
-        print(
-            f"rerun of {args.agent}: {recorded} recorded steps, the same again "
-            f"(no model called; {report.stop.reason if report else '?'})"
-        )
-        return 0
-    print(f"rerun of {args.agent}: {divergence}")
-    return 1
-
-
-def _load_teammate(spec: str) -> Any:
-    """The Teammate that `--spec module:object` names: the object, or what calling it returns.
-    A spec that names nothing is a usage mistake; a module or factory that fails is a failure."""
-    from teamrt.team import Teammate
-
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise UsageError(f"--spec {spec!r} must be module:object, e.g. mypkg.team:writer")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module_name.startswith(exc.name):
-            raise UsageError(
-                f"--spec {spec}: no module named {exc.name!r}; check the spelling, and that it "
-                "is importable from here (installed, or on PYTHONPATH)"
-            ) from None
-        raise TeamrtError(f"--spec {spec}: importing {module_name} failed: {exc}") from None
-    except Exception as exc:
-        raise TeamrtError(
-            f"--spec {spec}: importing {module_name} raised {type(exc).__name__}: {exc}"
-        ) from None
-    target = getattr(module, attribute, None)
-    if target is None:
-        raise UsageError(f"--spec {spec}: module {module_name} has no {attribute!r}")
-    if callable(target) and not isinstance(target, Teammate):
-        try:
-            target = target()
-        except Exception as exc:
-            raise TeamrtError(
-                f"--spec {spec}: calling {attribute}() raised {type(exc).__name__}: {exc}"
-            ) from None
-    if not isinstance(target, Teammate):
-        raise UsageError(
-            f"--spec {spec} is a {type(target).__name__}, not a Teammate (or a function "
-            "returning one)"
-        )
-    return target
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from teamrt.cli.bench import run_bench
-
-    if args.dir is not None and os.path.exists(args.dir) and not os.path.isdir(args.dir):
-        raise UsageError(f"--dir {args.dir} is a file; give a directory for the scratch teams")
-    return run_bench(
-        quick=args.quick, as_json=args.json, directory=args.dir, smoke=args.smoke, only=args.only
-    )
-
-
-async def _run_agent(args: argparse.Namespace) -> int:
-    from teamrt.team import Team, TeamBudget
-
-    team_dir(args.dir)
-    validate_name(args.name, what="member name (--name)")
-    teammate = _load_teammate(args.spec)
-    if teammate.name != args.name:
-        teammate = dataclasses.replace(teammate, name=args.name)
-    async with FileMailboxes(args.dir, create=False) as mail:
-        roster = mail.members
-        if args.name not in roster and not args.join:
-            raise UsageError(
-                f"{args.name!r} is not a member of {args.dir} "
-                f"(members: {', '.join(roster) or 'none'}); check the spelling, or pass --join "
-                "to add it"
-            )
-        team = Team(
-            mail,
-            [teammate],
-            lead=args.lead,
-            agent_dir=Path(args.dir) / "agents",
-            budget=TeamBudget.follow(mail.store),  # the lead's budget, shared on disk
-            lead_here=False,
-        )
-        async with team:
-            print(
-                f"{args.name}: running as incarnation {team.status[args.name].incarnation} "
-                f"(pid {os.getpid()}) in {args.dir}",
-                flush=True,
-            )
-            async with anyio.create_task_group() as waiting:  # until it stops, or a signal
-
-                async def stop_on_signal() -> None:
-                    await args.stop.wait()
-                    waiting.cancel_scope.cancel()
-
-                waiting.start_soon(stop_on_signal)
-                await team.wait()
-                waiting.cancel_scope.cancel()
-        # leaving the team's block asked the teammate to stop after its step
-        status = team.status[args.name]
-    if status.state == "crashed":
-        print(f"{args.name}: {status.last}", file=sys.stderr, flush=True)
-        return 1
-    print(f"{args.name}: stopped", flush=True)
-    return 0
-
-
-async def _demo(args: argparse.Namespace) -> int:
-    """The demos' coroutines, run here so that a signal stops them like any other command.
-    Each is imported only when chosen: the exchange demo speaks raw envelopes whose types the
-    team package would register payload models for."""
-    from teamrt.cli import demo
-
-    root = Path(args.dir)
-    if root.exists() and not root.is_dir():
-        raise UsageError(f"--dir {root} is a file; give a directory for the demo's teams")
-    if args.name in ("research-writer", "two-process"):
-        from teamrt.demos import research_writer
-
-        two = args.name == "two-process"
-        return await research_writer.run(root, args.model, True, two)
-    if args.name == "conductor":
-        from teamrt.demos import conductor
-
-        return await conductor.run(root, args.model)
-    if args.name == "service":
-        return await demo.service_demo(root, args.model)
-    if args.model != "offline":
-        raise UsageError("the exchange demo has no model (it trades raw requests)")
-    return await demo.lead(root)
+_demo = cmd.demo  # the demo's arguments below name it so
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -338,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("dir", help="team directory")
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
-    inspect.set_defaults(run=_inspect)
+    inspect.set_defaults(run=cmd.inspect)
 
     repair = commands.add_parser(
         "repair",
@@ -352,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("dir", help="team directory")
     repair.add_argument("--inbox", help="only this member's inbox (default: every member's)")
     repair.add_argument("--json", action="store_true", help="print one JSON list")
-    repair.set_defaults(run=_repair)
+    repair.set_defaults(run=cmd.repair)
 
     replay = commands.add_parser(
         "replay",
@@ -388,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("--color", default="auto", choices=["auto", "always", "never"])
     replay.add_argument("-o", "--output", help="write to this file instead of standard output")
-    replay.set_defaults(run=_replay)
+    replay.set_defaults(run=cmd.replay)
 
     rerun = commands.add_parser(
         "rerun",
@@ -405,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="module:object naming the agent's Teammate (its tools and "
         "instructions as the code has them now)",
     )
-    rerun.set_defaults(run=_rerun)
+    rerun.set_defaults(run=cmd.rerun)
 
     bench = commands.add_parser(
         "bench",
@@ -430,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run one group of measurements",
     )
     bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
-    bench.set_defaults(run=_bench)
+    bench.set_defaults(run=cmd.bench)
 
     run_agent = commands.add_parser(
         "run-agent",
@@ -448,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_agent.add_argument(
         "--join", action="store_true", help="add the name to the team's roster if it is not there"
     )
-    run_agent.set_defaults(run=_run_agent, graceful=True)
+    run_agent.set_defaults(run=cmd.run_agent, graceful=True)
 
     demo = commands.add_parser(
         "demo",
