@@ -222,6 +222,7 @@ class Envelope(BaseModel):
     recipient: str
     in_reply_to: str | None = None
     trace_id: str | None = None
+    traceparent: str | None = Field(default=None, max_length=128)  # OpenTelemetry, W3C format
     ts: float = Field(default_factory=time.time, allow_inf_nan=False)
     deadline: float | None = Field(default=None, allow_inf_nan=False)
     body: Any = None

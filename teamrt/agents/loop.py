@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
+from teamrt import telemetry
 from teamrt.agents.journal import Journal, Transcript
 from teamrt.agents.limits import PRICES, Limits, cost_of, price_of
 from teamrt.agents.memory import Memory, context_tokens
@@ -435,6 +436,22 @@ class Agent:
     # -- the loop --
 
     async def _drive(self, state: AgentState) -> RunReport:
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": self.name,
+            "teamrt.task.id": state.task_id,
+        }
+        with telemetry.span(f"invoke_agent {self.name}", attributes) as span:
+            report = await self._drive_traced(state)
+            telemetry.annotate(
+                span,
+                teamrt__stop__reason=report.stop.reason,
+                gen_ai__usage__input_tokens=report.usage.input_tokens,
+                gen_ai__usage__output_tokens=report.usage.output_tokens,
+            )
+            return report
+
+    async def _drive_traced(self, state: AgentState) -> RunReport:
         self.state = state
         started, elapsed_before = self.clock(), state.elapsed
         specs = self.toolbox.specs
@@ -610,6 +627,23 @@ class Agent:
         return None
 
     async def _complete(self, state: AgentState, specs: Sequence[Any]) -> ModelReply:
+        """One model call (a `chat` span when telemetry is on)."""
+        if not telemetry.enabled():
+            return await self._complete_traced(state, specs)
+        attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": self.model.name}
+        with telemetry.span(f"chat {self.model.name}", attributes) as span:
+            reply = await self._complete_traced(state, specs)
+            telemetry.annotate(
+                span,
+                gen_ai__response__model=reply.model or None,
+                gen_ai__usage__input_tokens=reply.usage.input_tokens,
+                gen_ai__usage__output_tokens=reply.usage.output_tokens,
+                gen_ai__response__finish_reasons=[reply.finish_reason or "stop"],
+                teamrt__attempts=reply.attempts,
+            )
+            return reply
+
+    async def _complete_traced(self, state: AgentState, specs: Sequence[Any]) -> ModelReply:
         """One model call; streamed when someone listens and the model can stream."""
         if self.on_event is None:
             return await self.model.complete(state.messages, specs)
@@ -793,6 +827,20 @@ class Agent:
                 update={"id": f"{self.call_id_prefix}:{state.steps}.{position}"}
             )
         await self._emit(ToolCallStarted(call))
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.id,
+        }
+        with telemetry.span(f"execute_tool {call.name}", attributes) as span:
+            result = await self._run_call(state, call, keyed, waits)
+            telemetry.annotate(span, teamrt__tool__ok=result.ok)
+        self._record(work, call, ChatMessage.tool_result(call, result.content))
+        await self._emit(ToolCallFinished(call.id, call.name, result.content, result.ok))
+
+    async def _run_call(
+        self, state: AgentState, call: ToolCall, keyed: ToolCall, waits: bool
+    ) -> ToolResult:
         async with self._parallel:
             started = self.clock()
             if waits and self.limits.max_idle is not None:  # the idle limit bounds each wait
@@ -807,8 +855,7 @@ class Agent:
                 result = await self.toolbox.run(keyed)
             if waits:
                 state.idle += self.clock() - started
-        self._record(work, call, ChatMessage.tool_result(call, result.content))
-        await self._emit(ToolCallFinished(call.id, call.name, result.content, result.ok))
+        return result
 
     def _record(self, work: _StepWork, call: ToolCall, message: ChatMessage) -> None:
         work.results[call.id] = message

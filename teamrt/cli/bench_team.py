@@ -41,6 +41,7 @@ async def team_figures(bench: Bench) -> None:
     await service_load(bench, smoke=smoke)
     await parallel_tools(bench, smoke=smoke)
     await streamed_steps(bench, steps=200 if smoke else 2_000)
+    await traced_steps(bench, steps=200 if smoke else 2_000)
     # the in-process caches (recent ids, answered requests) fill up over the first ~4,000
     # asks: the first measurement comes after that
     asks, early = (1_000, 500) if smoke else (20_000, 10_000) if quick else (100_000, 10_000)
@@ -145,6 +146,49 @@ async def parallel_tools(bench: Bench, *, smoke: bool) -> None:
             parallel <= 3 * seconds,
         )
     )
+
+
+async def _steps_per_second(steps: int) -> float:
+    """Microseconds per agent step: one tool call (no I/O) per step, a FunctionModel."""
+    count = 0
+
+    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply:
+        nonlocal count
+        count += 1
+        return ModelReply(text="done") if count >= steps else call("fetch", i=count)
+
+    @tool
+    def fetch(i: int) -> int:
+        """Fetch a number."""
+        return i
+
+    limits = Limits(max_steps=steps + 1, max_tool_calls=steps + 1)
+    agent = Agent("steps", FunctionModel(brain), tools=[fetch], limits=limits)
+    start = time.perf_counter()
+    report = await agent.run("go")
+    assert report.ok, report.summary()
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+async def traced_steps(bench: Bench, *, steps: int) -> None:
+    """An agent step with OpenTelemetry off (the default) and on (an SDK provider that drops
+    its spans), beside the step before telemetry was imported at all: off must cost nothing."""
+    from teamrt import telemetry
+    from teamrt.cli.bench import Figure
+
+    off = await _steps_per_second(steps)
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+    except ImportError:  # pragma: no cover -- the otel extra is not installed
+        return
+    telemetry.enable(TracerProvider())
+    try:
+        on = await _steps_per_second(steps)
+    finally:
+        telemetry.disable()
+    again = await _steps_per_second(steps)
+    bench.add(Figure("agent step, telemetry off", again, "us", "measured before", off))
+    bench.add(Figure("agent step, telemetry on (spans made, not exported)", on, "us", "off", again))
 
 
 async def streamed_steps(bench: Bench, *, steps: int) -> None:

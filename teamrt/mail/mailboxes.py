@@ -26,6 +26,7 @@ import anyio
 from anyio.abc import TaskGroup
 from pydantic import ValidationError
 
+from teamrt import telemetry
 from teamrt.envelopes import (
     Broadcast,
     Envelope,
@@ -176,6 +177,8 @@ class Mailboxes:
     def _encode(self, envelope: Envelope) -> bytes:
         if envelope.trace_id is None and (trace := current_trace()) is not None:
             envelope = envelope.model_copy(update={"trace_id": trace})  # the task's trace
+        if telemetry.enabled() and envelope.traceparent is None:
+            envelope = envelope.model_copy(update={"traceparent": telemetry.traceparent()})
         if envelope.team is not None and envelope.team != self.store.team:
             raise UsageError(f"envelope is for team {envelope.team!r}, not {self.store.team!r}")
         validate_body(envelope.type, envelope.body)
@@ -196,6 +199,22 @@ class Mailboxes:
         When this returns the envelope is in the log at the configured durability.
         """
         self._check_open()
+        if telemetry.enabled():
+            attributes = {
+                "messaging.system": "teamrt",
+                "messaging.operation.type": "send",
+                "messaging.destination.name": envelope.recipient,
+                "messaging.message.id": envelope.id,
+                "teamrt.envelope.kind": envelope.kind,
+                "teamrt.envelope.type": envelope.type,
+                "teamrt.sender": envelope.sender,
+            }
+            with telemetry.span(f"send {envelope.type}", attributes):
+                await self._send(envelope)
+            return
+        await self._send(envelope)
+
+    async def _send(self, envelope: Envelope) -> None:
         encoded = self._encode(envelope)
         if isinstance(envelope, Broadcast):
             await self._broadcast(envelope, encoded)

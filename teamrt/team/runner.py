@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from teamrt import telemetry
 from teamrt.agents.delegate import delegate_tool
 from teamrt.agents.journal import Journal
 from teamrt.agents.loop import Agent, AgentEvent, ToolCallFinished, ToolCallStarted
@@ -159,7 +160,16 @@ class Runner:
 
     async def _work(self, request: Request) -> None:
         # a task starts or continues a trace: every envelope sent while handling it carries it
-        with tracing(request.trace_id or request.id):
+        attributes = {
+            "teamrt.member": self.name,
+            "teamrt.task.id": request.id,
+            "teamrt.trace_id": request.trace_id or request.id,
+            "teamrt.requester": request.sender,
+        }
+        with (
+            tracing(request.trace_id or request.id),
+            telemetry.span(f"task {self.name}", attributes, parent=request.traceparent),
+        ):
             await self._work_traced(request)
 
     async def _work_traced(self, request: Request) -> None:
