@@ -260,3 +260,5 @@ class MemberStatus:
     last: str = ""
     queued: int = 0  # tasks waiting behind the current one
     text: str = ""  # the end of what the model is writing now (with `Teammate(stream=True)`)
+    tokens: int = 0  # spent by this member's tasks and rounds so far
+    cost: float = 0.0

@@ -199,6 +199,7 @@ class Runner:
         self.desk.done(request)
         self.current = None
         self.status.tasks_done += 1
+        self._spent(result)
         self._last = result
 
     async def _round(self, *, resume: bool) -> None:
@@ -226,7 +227,13 @@ class Runner:
         if report.stop.reason != "shutdown":
             self._round_id = None
             self._last = _result(report)
+            self._spent(self._last)
             self.status.rounds += 1
+
+    def _spent(self, result: TaskResult) -> None:
+        self.status.step = result.steps  # the status ends where the report does
+        self.status.tokens += result.tokens
+        self.status.cost += result.cost or 0.0
 
     async def _announce(self) -> None:
         self.status.state = "idle"
