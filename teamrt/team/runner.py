@@ -102,6 +102,7 @@ class Runner:
         self.current: Request | None = None
         self._round_id: str | None = None  # the round of mail in progress, if any
         self._streaming: Request | None = None  # the streamed task in progress, if any
+        self._recorded: set[tuple[str, str]] = set()  # incidents already in the journal
         self._pending_text = ""
         self._flushed = 0.0
         self._approved = False
@@ -401,7 +402,10 @@ class Runner:
     # -- the end of an incarnation --
 
     def record(self, kind: str, detail: str) -> None:
-        """Put a crash or a cancellation in the agent's journal (when it has one)."""
+        """Put a crash or a cancellation in the agent's journal (when it has one), once."""
+        if (kind, detail) in self._recorded:
+            return
+        self._recorded.add((kind, detail))
         if self.journal_path is not None:
             with contextlib.suppress(StoreError):  # the report must go out even on a full disk
                 Journal(self.journal_path).incident(kind, detail)
