@@ -140,6 +140,8 @@ def sleep_in_a_process(seconds: float, pid_file: str) -> str:
 
 async def test_a_process_tool_is_killed_at_the_deadline(tmp_path: Path) -> None:
     nap = tool(process=True)(sleep_in_a_process)
+    warm = tmp_path / "warm"
+    await nap.call(nap.args_model(seconds=0, pid_file=str(warm)))  # a worker is up and idle now
     pid_file = tmp_path / "pid"
     model = ScriptedModel([call("sleep_in_a_process", seconds=30, pid_file=str(pid_file)), "x"])
     with anyio.fail_after(20):

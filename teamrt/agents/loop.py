@@ -36,7 +36,7 @@ from teamrt.agents.journal import Journal, Transcript
 from teamrt.agents.limits import PRICES, Limits, cost_of, price_of
 from teamrt.agents.memory import Memory, context_tokens
 from teamrt.agents.state import HANDLED_MEMORY, AgentState, OpenStep, RunReport, Stop
-from teamrt.agents.tools import Tool, Toolbox, ToolResult
+from teamrt.agents.tools import Tool, Toolbox, ToolResult, cancelled_for_real
 from teamrt.errors import LimitExceeded, ModelError, StopRequested, UsageError
 from teamrt.models.base import (
     ChatMessage,
@@ -271,6 +271,23 @@ class Agent:
         self.state: AgentState | None = None
         self._check_priced(model.name)
 
+    def _check_priced_now(self) -> None:
+        """A shared cost budget may become known after this agent was made (a member in
+        another process follows the lead's): an unpriced model stops at it, never runs free."""
+        max_cost = getattr(self.budget, "max_cost", None)
+        if (
+            max_cost is not None
+            and getattr(self.budget, "unpriced", "refuse") == "refuse"
+            and not price_of(self.model.name, self.prices)
+        ):
+            raise LimitExceeded(
+                "team_max_cost",
+                max_cost,
+                0,
+                f"model {self.model.name!r} has no price, so the team's cost budget cannot be "
+                "kept (give its price, or unpriced='tokens'):",
+            )
+
     def _check_priced(self, model: str) -> None:
         """A cost budget (the agent's or a shared one) needs the model's price, unless it was
         told to count tokens only."""
@@ -340,14 +357,19 @@ class Agent:
                 await send.send(report)
 
         failure: Exception | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(drive)
-            with receive:
-                try:
-                    yield receive
-                except Exception as exc:  # the consumer's error, raised as it is, not grouped
-                    failure = exc
-            tg.cancel_scope.cancel()  # the consumer left: a run still going is cancelled
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drive)
+                with receive:
+                    try:
+                        yield receive
+                    except Exception as exc:  # the consumer's error, raised as it is
+                        failure = exc
+                tg.cancel_scope.cancel()  # the consumer left: a run still going is cancelled
+        except BaseExceptionGroup as group:  # the run's own error (ToolCrashed, say), as is
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         if failure is not None:
             raise failure
 
@@ -476,6 +498,7 @@ class Agent:
                 )
                 if self.budget is not None:
                     self.budget.check()
+                    self._check_priced_now()
             except LimitExceeded as exc:
                 self._stop_at_limit(state, exc)
                 break
@@ -594,6 +617,9 @@ class Agent:
     ) -> ModelReply | None:
         left, passed = self._time_left()
         per_call = self.limits.model_timeout
+        if self.limits.max_model_time is not None:  # what is left of the task's model time
+            rest = max(0.0, self.limits.max_model_time - state.model_time)
+            per_call = rest if per_call is None else min(per_call, rest)
         started = self.clock()
         try:
             with anyio.move_on_after(min(left, per_call if per_call is not None else math.inf)):
@@ -603,9 +629,18 @@ class Agent:
                 state.usage_estimated = state.usage_estimated or reply.usage_estimated
                 return reply
             if per_call is not None and per_call < left:
+                model_time = state.model_time + self.clock() - started
+                limit = self.limits.max_model_time
+                if limit is not None and model_time >= limit:
+                    raise LimitExceeded(
+                        "max_model_time",
+                        limit,
+                        round(model_time, 3),
+                        "the time spent waiting for the model (s) ran out during a call:",
+                    )
                 raise LimitExceeded(
                     "model_timeout",
-                    per_call,
+                    self.limits.model_timeout or per_call,
                     round(self.clock() - started, 3),
                     "a model call (retries included) took longer than allowed (s):",
                 )
@@ -621,6 +656,15 @@ class Agent:
             if limited and "rate limit" not in detail:
                 detail += f" ({limited} of {attempts} attempts were rate limited: 429)"
             log.warning("%s stopped: the model failed: %s", state.agent, detail)
+            state.stop = Stop(reason="model_error", detail=detail)
+        except anyio.get_cancelled_exc_class():
+            if cancelled_for_real():
+                raise
+            detail = (
+                f"{self.model.name}: the model call raised a cancellation of its own (not a "
+                "deadline or a shutdown of this agent)"
+            )
+            log.warning("%s stopped: %s", state.agent, detail)
             state.stop = Stop(reason="model_error", detail=detail)
         finally:
             state.model_time += self.clock() - started

@@ -16,6 +16,7 @@ as its idempotency key: a call that was in flight at a crash runs again with the
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import importlib
@@ -126,9 +127,11 @@ class Tool:
         except Exception as exc:  # the tool's failure is data for the model, by design
             return _error(type(exc).__name__, str(exc))
         except BaseException as exc:
-            if isinstance(exc, anyio.get_cancelled_exc_class()):
+            if isinstance(exc, anyio.get_cancelled_exc_class()) and cancelled_for_real():
                 raise
             raise ToolCrashed(f"tool {self.name} raised {type(exc).__name__}: {exc}") from exc
+        if isinstance(result, _Exited):  # from a worker process, which stays alive
+            raise ToolCrashed(f"tool {self.name} raised {result.kind}: {result.message}")
         return ToolResult(self._render(result), ok=True)
 
     def _render(self, result: Any) -> str:
@@ -220,6 +223,16 @@ def tool(
     return make(fn) if fn is not None else make
 
 
+def cancelled_for_real() -> bool:
+    """Whether this task is being cancelled (a deadline, a shutdown), as opposed to a tool
+    raising a cancellation exception of its own, which is a fault of that tool."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not on asyncio: trust the exception
+        return True
+    return task is None or task.cancelling() > 0
+
+
 def _run_in_process(
     target: tuple[str, str], kwargs: dict[str, Any], call: ToolCall | None = None
 ) -> Any:
@@ -233,8 +246,20 @@ def _run_in_process(
     token = _current_call.set(call)
     try:
         return fn(**kwargs)
+    except Exception:
+        raise  # pickled back to the parent, which makes it data for the model
+    except BaseException as exc:  # SystemExit and the like: keep the worker process alive
+        return _Exited(type(exc).__name__, str(exc))
     finally:
         _current_call.reset(token)
+
+
+@dataclass(frozen=True)
+class _Exited:
+    """What a `process=True` tool's worker sends back when the tool raised a BaseException."""
+
+    kind: str
+    message: str
 
 
 class Toolbox:

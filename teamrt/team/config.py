@@ -224,7 +224,7 @@ class TeamBudget:
         return self.deadline - (anyio.current_time() - self._started)
 
     def charge(self, usage: Usage, cost: float | None) -> None:
-        if self._store is None or not self.limited:
+        if self._store is None:
             self._usage = self._usage + usage
             self._cost += cost or 0.0
             return

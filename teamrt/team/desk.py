@@ -65,6 +65,7 @@ class Desk:
         clock: Callable[[], float] = time.time,
         on_queue: Callable[[int], None] = lambda _n: None,
         on_shutdown: Callable[[Request], None] = lambda _r: None,
+        started: float = 0.0,
     ) -> None:
         self.mail, self.me, self.incarnation = mail, me, incarnation
         self.inbox: Inbox = mail.inbox(me)
@@ -82,6 +83,7 @@ class Desk:
         self._changed = anyio.Event()  # something was sorted
         self._space = anyio.Event()  # the mail buffer has room again
         self._on_queue, self._on_shutdown = on_queue, on_shutdown
+        self.started = started  # when the team started (wall clock)
         self.refused = 0  # tasks answered Busy or Expired
         # tasks found in the inbox at start were accepted before (by an earlier incarnation) or
         # waited for one: the queue's bound applies from the moment the runner is ready
@@ -163,7 +165,9 @@ class Desk:
         self._sorted()
 
     async def _take_shutdown(self, request: Request) -> None:
-        if await self.refuse_if_expired(request):  # left over from an earlier shutdown
+        # one left over from before this team started (an earlier run's) is refused once its
+        # deadline passed; one sent since is honoured late (it waited out a restart backoff)
+        if request.ts < self.started and await self.refuse_if_expired(request):
             return
         self.inbox.ack_nowait(request)
         body = ShutdownBody.model_validate(request.body)

@@ -30,7 +30,7 @@ from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool, tool
 from teamrt.envelopes import Envelope, Request, current_trace, new_id, tracing
-from teamrt.errors import StopRequested, StoreError
+from teamrt.errors import StopRequested, StoreError, TeamrtError
 from teamrt.models.base import ChatMessage, Model, TextDelta, Usage
 from teamrt.team.config import MemberStatus, Teammate
 from teamrt.team.desk import Desk
@@ -57,6 +57,7 @@ ROUND = "round:"  # task ids of rounds of mail start with this
 _STATUS_TEXT = 200  # characters of the model's current text kept in the status
 _PROGRESS_EVERY = 0.05  # seconds of text batched into one progress message
 _PROGRESS_RESULT = 2000  # characters of a tool result in a progress message
+_PROGRESS_TEXT = 16_000  # characters of text in one progress message
 PLAN_VERDICT = "plan "  # submit_plan's result starts "plan approved" or "plan rejected"
 
 
@@ -95,6 +96,7 @@ class Runner:
             seen=self._seen.__contains__,
             on_queue=lambda n: setattr(status, "queued", n),
             on_shutdown=lambda request: team.enforce_deadline(self.name, request),
+            started=team.started,
         )
         self.agent: Agent | None = None
         self.scope: anyio.CancelScope | None = None  # set by the team: cancels this incarnation
@@ -105,6 +107,7 @@ class Runner:
         self._recorded: set[tuple[str, str]] = set()  # incidents already in the journal
         self._pending_text = ""
         self._flushed = 0.0
+        self._text_waiting = anyio.Event()
         self._approved = False
         self._last: TaskResult | None = None
 
@@ -254,6 +257,8 @@ class Runner:
                 self._pending_text += event.text
                 if anyio.current_time() - self._flushed >= _PROGRESS_EVERY:
                     await self._flush_progress()
+                else:
+                    self._text_waiting.set()  # the flusher sends it within _PROGRESS_EVERY
             return
         if self._streaming is None:
             return
@@ -275,7 +280,25 @@ class Runner:
             )
         else:
             return
-        await self.mail.send(Envelope.message(self.name, self._streaming.sender, body))
+        await self._send_progress(body)
+
+    async def _send_progress(self, body: ProgressBody) -> None:
+        """Progress is a view of the work, never a reason for it to fail: one that cannot be
+        sent (too big for an envelope, a full disk) is dropped, and logged."""
+        assert self._streaming is not None
+        try:
+            await self.mail.send(Envelope.message(self.name, self._streaming.sender, body))
+        except TeamrtError as exc:
+            log.warning("%s: progress of task %s not sent: %s", self.name, body.task, exc)
+
+    async def flusher(self) -> None:
+        """Beside the runner: text that waits in the batch goes out within `_PROGRESS_EVERY`,
+        even while the model thinks before writing more."""
+        while True:
+            await self._text_waiting.wait()
+            await anyio.sleep(_PROGRESS_EVERY)
+            self._text_waiting = anyio.Event()
+            await self._flush_progress()
 
     async def _flush_progress(self) -> None:
         """Send the text written since the last progress message (batched: one message per
@@ -284,8 +307,11 @@ class Runner:
         if self._streaming is None or not self._pending_text:
             return
         text, self._pending_text = self._pending_text, ""
-        body = ProgressBody(task=self._streaming.id, event="text", text=text)
-        await self.mail.send(Envelope.message(self.name, self._streaming.sender, body))
+        for start in range(0, len(text), _PROGRESS_TEXT):  # pieces that fit in an envelope
+            chunk = text[start : start + _PROGRESS_TEXT]
+            await self._send_progress(
+                ProgressBody(task=self._streaming.id, event="text", text=chunk)
+            )
 
     # -- the agent's inputs between steps (teamrt.agents.loop.Inbound) --
 

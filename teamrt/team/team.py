@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from teamrt.agents.state import AgentState
 from teamrt.envelopes import Envelope, Request, new_id
-from teamrt.errors import Deadlock, TeammateGone, UsageError
+from teamrt.errors import Deadlock, MailboxClosed, ReceiveTimeout, TeammateGone, UsageError
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.store import Lease
 from teamrt.team.config import MemberStatus, TeamBudget, Teammate
@@ -42,6 +42,7 @@ from teamrt.team.protocol import (
     PLAN_DECISION,
     PROGRESS,
     SHUTDOWN,
+    SHUTDOWN_ACK,
     STREAMED_TASK,
     TASK,
     Approver,
@@ -50,6 +51,7 @@ from teamrt.team.protocol import (
     ProgressBody,
     ShutdownBody,
     TaskResult,
+    is_shutdown,
 )
 from teamrt.team.runner import Runner
 
@@ -129,8 +131,10 @@ class Team:
         self._carried: dict[str, AgentState | None] = {}  # conversations, without a journal
         self._waits_for: dict[str, list[str]] = {}  # member -> members its requests wait on
         self._stopping = False
+        self.started = time.time()  # reset when the team starts
 
     async def __aenter__(self) -> Self:
+        self.started = time.time()
         roster = self.mail.members
         undeclared = [name for name in self.remote if name not in roster]
         if undeclared:
@@ -502,13 +506,42 @@ class Team:
                     delay = policy.delay(status.restarts)
                     log.info("%s restarts in %.2fs (restart %d of %d)", teammate.name, delay,
                              status.restarts + 1, policy.max_restarts)  # fmt: skip
-                    await anyio.sleep(delay)
+                    if await self._backoff(teammate.name, delay):
+                        status.state = "stopped"  # asked to stop while it waited
+                        return
                     status.restarts += 1
         finally:
             if lease is not None:
                 lease.release()
         if status.state not in ("stopped", "crashed"):
             status.state = "stopped"
+
+    async def _backoff(self, name: str, delay: float) -> bool:
+        """Wait out a restart backoff, watching the member's inbox for a shutdown meanwhile
+        (from a lead in any process); True if one came. Everything else read is handed back
+        for the next incarnation, unacked."""
+        inbox, held = self.mail.inbox(name), []
+        until = anyio.current_time() + delay
+        try:
+            while (left := until - anyio.current_time()) > 0:
+                try:
+                    envelope = await inbox.receive(timeout=left)
+                except ReceiveTimeout:
+                    return False
+                if is_shutdown(envelope):
+                    body = ShutdownBody.model_validate(envelope.body)
+                    if body.incarnation in (None, self.status[name].incarnation):
+                        inbox.ack_nowait(envelope)
+                        await self.mail.send(
+                            Envelope.response(envelope, {"incarnation": None}, type=SHUTDOWN_ACK)
+                        )
+                        return True
+                held.append(envelope)
+            return False
+        finally:
+            if held:
+                with contextlib.suppress(MailboxClosed, UsageError):
+                    inbox.release(*held)
 
     async def _incarnate(
         self,
@@ -550,6 +583,7 @@ class Team:
                 runner.scope = scope
                 async with anyio.create_task_group() as tasks:
                     tasks.start_soon(runner.desk.listen)
+                    tasks.start_soon(runner.flusher)
                     await runner.serve(ready)
                     tasks.cancel_scope.cancel()
         except Exception as group:  # a crash: reported by the caller, never swallowed

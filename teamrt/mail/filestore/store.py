@@ -64,6 +64,18 @@ def lease_holder(team_dir: Path, name: str) -> str | None:
         os.close(fd)
 
 
+def _lock_exclusive(fd: int) -> None:
+    """An exclusive flock without blocking; a few short retries ride over a liveness probe,
+    which holds a shared lock on the lease file for microseconds."""
+    for _ in range(20):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(0.001)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def _shared_from_env() -> bool:
     return os.environ.get("TEAMRT_SHARED_GROUP", "") not in ("", "0")
 
@@ -394,7 +406,7 @@ class FileStore(Store):
         except OSError as exc:
             raise translate(exc, f"take {name}'s lease") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_exclusive(fd)
         except BlockingIOError:
             current = os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown holder"
             os.close(fd)
