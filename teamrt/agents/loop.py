@@ -505,7 +505,9 @@ class Agent:
             injected = await self._step_boundary(state)
             if state.stop is not None:
                 break
-            replaced = await self._compact(state)
+            replaced = await self._compact_in_time(state)
+            if state.stop is not None:
+                break
             reply = await self._call_model(state, specs, elapsed)
             if reply is None:
                 break
@@ -543,6 +545,32 @@ class Agent:
         state.messages.extend(injected)
         state.context_tokens += sum(message_tokens(m) for m in injected)
         return injected
+
+    async def _compact_in_time(self, state: AgentState) -> bool:
+        """`_compact` under the same rules as a model call (a summariser is a model): the
+        deadlines and `model_timeout` stop it, and its failure is a `model_error` stop."""
+        left, passed = self._time_left()
+        per_call = self.limits.model_timeout
+        bound = min(left, per_call if per_call is not None else math.inf)
+        started = self.clock()
+        try:
+            with anyio.move_on_after(bound):
+                return await self._compact(state)
+            if per_call is not None and per_call < left:
+                raise LimitExceeded(
+                    "model_timeout",
+                    per_call,
+                    round(self.clock() - started, 3),
+                    "a summary of the context took longer than a model call may (s):",
+                )
+            raise passed("while the context was summarised")
+        except LimitExceeded as exc:
+            self._stop_at_limit(state, exc)
+        except ModelError as exc:
+            state.stop = Stop(reason="model_error", detail=f"the summariser failed: {exc}")
+        finally:
+            state.model_time += self.clock() - started
+        return False
 
     async def _compact(self, state: AgentState) -> bool:
         """Bring the context within budget; True if the conversation was replaced."""

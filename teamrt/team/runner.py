@@ -517,8 +517,12 @@ class Runner:
         model = self.agent.model if own and self.agent is not None else None  # a factory's
         close = getattr(model, "aclose", None)  # a shared model instance is its owner's to close
         if close is not None:
-            with anyio.CancelScope(shield=True):
-                await close()
+            # a client that cannot close is its own teammate's problem: logged, bounded in time
+            with anyio.move_on_after(min(2.0, self.team.shutdown_deadline), shield=True):
+                try:
+                    await close()
+                except Exception as exc:
+                    log.warning("%s: its model's client did not close: %s", self.name, exc)
 
 
 def _render(batch: list[Envelope], waiting: int, more_unread: bool) -> str:

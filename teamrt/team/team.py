@@ -32,6 +32,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from pydantic import ValidationError
 
 from teamrt.agents.state import AgentState
+from teamrt.agents.tools import cancelled_for_real
 from teamrt.envelopes import Envelope, Request, new_id
 from teamrt.errors import Deadlock, MailboxClosed, ReceiveTimeout, TeammateGone, UsageError
 from teamrt.mail.mailboxes import Mailboxes
@@ -393,7 +394,10 @@ class Team:
                 approved, feedback = await self.approver(request.sender, plan.plan)
             except ValidationError as exc:
                 approved, feedback = False, f"the plan is malformed: {exc.errors()[0]['msg']}"
-            except Exception as exc:  # the approver's bug must not take the team down
+            except BaseException as exc:  # the approver's bug must not take the team down
+                if isinstance(exc, anyio.get_cancelled_exc_class()) and cancelled_for_real():
+                    raise
+                log.warning("the approver failed on %s's plan: %r", request.sender, exc)
                 approved, feedback = False, f"the approver failed: {type(exc).__name__}: {exc}"
         await self.mail.send(
             Envelope.response(
