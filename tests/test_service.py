@@ -73,3 +73,22 @@ def test_service_refuses_to_start_without_a_model_name(
     monkeypatch.delenv("OPENAI_MODEL", raising=False)
     with pytest.raises(UsageError, match="needs OPENAI_MODEL"), TestClient(app):
         pass
+
+
+def test_the_service_streams_a_task_as_server_sent_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    monkeypatch.setenv("TEAMRT_SERVICE_DIR", str(tmp_path / "svc"))
+    monkeypatch.setenv("TEAMRT_DEMO_SCRATCH", str(tmp_path / "scratch"))
+    with (
+        TestClient(app) as client,
+        client.stream("POST", "/ask/stream", json={"question": "Research the agent loop."}) as r,
+    ):
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = list(r.iter_lines())
+    kinds = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    assert kinds[-1] == "result" and "progress" in kinds
+    result = json.loads(lines[lines.index("event: result") + 1].removeprefix("data: "))
+    assert result["stop_reason"] == "answer" and "the writer" in result["answer"]

@@ -7,17 +7,19 @@ team, with an endpoint that gives the researcher a task and returns its result.
 The team runs in the server's event loop, on file mailboxes under `TEAMRT_SERVICE_DIR`
 (default `mailboxes/service`), and is shut down cleanly when the server stops. Each role is a pool
 of `TEAMRT_SERVICE_REPLICAS` teammates (default 2): a request goes to the least busy researcher,
-whose request to "writer" goes to the least busy writer. A full queue answers 503 at once, a
-request whose deadline passed before anyone could start it answers 504, never worked on. A task
-that stopped without an answer (a model error, a limit) answers 502 with its stop report and
-an `error` line. `TEAMRT_SERVICE_MODEL=openai` runs the team on `OpenAIModel` (see
-`teamrt.demos.real`). `create_app()` builds the same app around any teammates (the benchmark
-uses it).
+whose request to "writer" goes to the least busy writer. `POST /ask/stream` answers the same as
+Server-Sent Events: `progress` events while the team works, then the `result`. A full queue
+answers 503 at once, a request whose deadline passed before anyone could start it answers 504,
+never worked on. A task that stopped without an answer (a model error, a limit) answers 502 with
+its stop report and an `error` line. `TEAMRT_SERVICE_MODEL=openai` runs the team on
+`OpenAIModel` (see `teamrt.demos.real`). `create_app()` builds the same app around any
+teammates (the benchmark uses it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -25,14 +27,14 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from teamrt.demos import real
 from teamrt.demos.research_writer import TASK, teammates
-from teamrt.errors import RemoteError, RequestTimeout
+from teamrt.errors import RemoteError, RequestTimeout, TeamrtError
 from teamrt.mail import FileMailboxes
-from teamrt.team import BUSY, EXPIRED, Team, Teammate
+from teamrt.team import BUSY, EXPIRED, TaskResult, Team, Teammate
 
 
 def create_app(
@@ -79,6 +81,34 @@ def create_app(
             return JSONResponse({**result.model_dump(), "error": error}, status_code=502)
         return JSONResponse(result.model_dump())
 
+    async def ask_stream(request: Request) -> Response:
+        """The same task as /ask, as Server-Sent Events while it happens: `progress` events
+        (text as the model writes it, tool calls and results), then one `result` event (or one
+        `error` event)."""
+        try:
+            payload = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "send a JSON object"}, status_code=400)
+        question = payload.get("question", TASK) if isinstance(payload, dict) else None
+        if not isinstance(question, str) or not question.strip():
+            return JSONResponse({"error": "'question' must be a non-empty string"}, status_code=400)
+        try:
+            timeout = float(payload.get("timeout", 60))
+        except (TypeError, ValueError):
+            return JSONResponse({"error": "'timeout' must be a number"}, status_code=400)
+        team: Team = request.app.state.team
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                async with team.stream(role, question, timeout=timeout) as stream:
+                    async for event in stream:
+                        kind = "result" if isinstance(event, TaskResult) else "progress"
+                        yield f"event: {kind}\ndata: {event.model_dump_json()}\n\n"
+            except TeamrtError as exc:
+                yield f"event: error\ndata: {json.dumps({'error': str(exc)})}\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     async def status(request: Request) -> JSONResponse:
         team: Team = request.app.state.team
         return JSONResponse(
@@ -89,7 +119,11 @@ def create_app(
         )
 
     return Starlette(
-        routes=[Route("/ask", ask, methods=["POST"]), Route("/status", status)],
+        routes=[
+            Route("/ask", ask, methods=["POST"]),
+            Route("/ask/stream", ask_stream, methods=["POST"]),
+            Route("/status", status),
+        ],
         lifespan=lifespan,
     )
 
