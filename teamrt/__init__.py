@@ -1,7 +1,5 @@
 """teamrt: an asyncio multi-agent runtime with durable, file-backed mailboxes."""
 
-import logging
-
 import teamrt._posix  # noqa: F401  (first: off POSIX, fail saying so)
 from teamrt.envelopes import (
     Broadcast,
@@ -41,10 +39,6 @@ from teamrt.mail import (
 )
 
 __version__ = "0.1.0"
-
-# a library logs, it does not decide where logs go: silent unless the application configures
-# logging (the `teamrt` command does, with --log-level)
-logging.getLogger("teamrt").addHandler(logging.NullHandler())
 
 __all__ = [
     "Broadcast",
