@@ -16,35 +16,7 @@ import pytest
 from teamrt import Envelope, FileMailboxes, RemoteError
 from teamrt.errors import MemberBusy, TeammateGone
 from teamrt.team import CRASHED, Team, TeamBudget
-
-TESTS = str(Path(__file__).parent)
-
-
-def _run_agent(team: Path, spec: str, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen(
-        [sys.executable, "-m", "teamrt", "run-agent", str(team), "--name", "w",
-         "--spec", f"remote_specs:{spec}", *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )  # fmt: skip
-
-
-async def _until_running(mail: FileMailboxes, proc: subprocess.Popen[bytes]) -> None:
-    with anyio.fail_after(30):
-        while mail.store.member_alive("w") is not True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            await anyio.sleep(0.02)
-
-
-async def _exit_code(proc: subprocess.Popen[bytes], timeout: float = 20) -> tuple[int, str]:
-    code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=timeout))
-    assert proc.stdout is not None and proc.stderr is not None
-    err = proc.stderr.read().decode()
-    proc.stdout.close()
-    proc.stderr.close()
-    return code, err
+from tests.remote import TESTS, exit_code, run_agent, until_running
 
 
 async def test_a_remote_teammate_that_crashes_answers_reports_and_exits_non_zero(
@@ -52,12 +24,12 @@ async def test_a_remote_teammate_that_crashes_answers_reports_and_exits_non_zero
 ) -> None:
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w"]) as mail:
-        proc = _run_agent(team, "crasher")
-        await _until_running(mail, proc)
+        proc = run_agent(team, "crasher")
+        await until_running(mail, proc)
         async with Team(mail, [], remote=["w"]) as lead:
             with anyio.fail_after(10), pytest.raises(RemoteError, match="TeammateCrashed"):
                 await lead.ask("w", "do something", timeout=30)
-            code, err = await _exit_code(proc)
+            code, err = await exit_code(proc)
             await anyio.sleep(0.1)  # the lead's server takes the crash report
             assert [e.type for e in lead.notices if e.type == CRASHED] == [CRASHED]
     assert code == 1 and "RuntimeError: a bug in the remote teammate" in err
@@ -68,10 +40,10 @@ async def test_a_request_to_a_killed_member_fails_fast_from_another_process(
 ) -> None:
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w"]) as mail:
-        proc = _run_agent(team, "echo")
-        await _until_running(mail, proc)
+        proc = run_agent(team, "echo")
+        await until_running(mail, proc)
         os.kill(proc.pid, signal.SIGKILL)
-        await _exit_code(proc)
+        await exit_code(proc)
         request = Envelope.request("lead", "w", "anyone there?", type="task")
         with anyio.fail_after(10), pytest.raises(TeammateGone, match="w is not running"):
             await mail.request(request, timeout=120)  # fails in about 2 s, not 120
@@ -80,8 +52,8 @@ async def test_a_request_to_a_killed_member_fails_fast_from_another_process(
 async def test_a_stopped_process_is_found_by_its_missing_heartbeat(tmp_path: Path) -> None:
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w"]) as mail:
-        proc = _run_agent(team, "echo")
-        await _until_running(mail, proc)
+        proc = run_agent(team, "echo")
+        await until_running(mail, proc)
         os.kill(proc.pid, signal.SIGSTOP)  # alive, holding its lease, but not running
         try:
             request = Envelope.request("lead", "w", "are you there?", type="task")
@@ -89,19 +61,19 @@ async def test_a_stopped_process_is_found_by_its_missing_heartbeat(tmp_path: Pat
                 await mail.request(request, timeout=120)
         finally:
             os.kill(proc.pid, signal.SIGKILL)
-            await _exit_code(proc)
+            await exit_code(proc)
 
 
 async def test_a_remote_teammate_draws_on_the_team_budget(tmp_path: Path) -> None:
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w"]) as mail:
-        proc = _run_agent(team, "spender")
-        await _until_running(mail, proc)
+        proc = run_agent(team, "spender")
+        await until_running(mail, proc)
         budget = TeamBudget(max_tokens=1_000)
         async with Team(mail, [], remote=["w"], budget=budget) as lead:
             with anyio.fail_after(20):
                 result = await lead.ask("w", "think", timeout=60)
-        code, _ = await _exit_code(proc)
+        code, _ = await exit_code(proc)
     assert result.stop_reason == "limit" and "team_max_tokens=1000" in result.detail
     assert 1_000 <= budget.usage.total_tokens < 1_000 + 200  # it stopped at the team's line
     assert code == 0
@@ -110,12 +82,12 @@ async def test_a_remote_teammate_draws_on_the_team_budget(tmp_path: Path) -> Non
 async def test_a_remote_teammate_enforces_the_shutdown_deadline_itself(tmp_path: Path) -> None:
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w"]) as mail:
-        proc = _run_agent(team, "stuck")
-        await _until_running(mail, proc)
+        proc = run_agent(team, "stuck")
+        await until_running(mail, proc)
         async with Team(mail, [], remote=["w"], shutdown_deadline=0.5):
             await mail.send(Envelope.request("lead", "w", "dig", type="task"))
             await anyio.sleep(0.2)  # stuck in its tool now
-        code, _ = await _exit_code(proc, timeout=15)  # not for ever
+        code, _ = await exit_code(proc, timeout=15)  # not for ever
     assert code == 0
 
 
@@ -158,4 +130,4 @@ async def test_two_processes_cannot_consume_the_leads_inbox(tmp_path: Path) -> N
                     pass
         finally:
             proc.kill()
-            await _exit_code(proc)
+            await exit_code(proc)

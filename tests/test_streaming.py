@@ -4,9 +4,6 @@ process or from another), and the status text the live view shows."""
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,8 +14,7 @@ from teamrt import FileMailboxes, MemoryMailboxes, RemoteError
 from teamrt.agents import Agent, RunReport, ToolCallFinished, ToolCallStarted, tool
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, TextDelta, ToolSpec, call
 from teamrt.team import ProgressBody, TaskResult, Team, Teammate
-
-TESTS = str(Path(__file__).parent)
+from tests.remote import exit_code, run_agent, until_running
 
 
 @tool
@@ -99,29 +95,17 @@ async def test_a_streamed_task_raises_the_errors_of_ask() -> None:
 
 async def test_a_task_streams_from_a_teammate_in_another_process(tmp_path: Path) -> None:
     team_dir = tmp_path / "t"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
     async with FileMailboxes(team_dir, members=["lead", "w"]) as mail:
-        proc = subprocess.Popen(  # noqa: ASYNC220 -- started once, waited for in a thread
-            [sys.executable, "-m", "teamrt", "run-agent", str(team_dir), "--name", "w",
-             "--spec", "remote_specs:looker"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-        )  # fmt: skip
+        proc = run_agent(team_dir, "looker")
+        await until_running(mail, proc)
         try:
-            with anyio.fail_after(30):
-                while mail.store.member_alive("w") is not True:  # noqa: ASYNC110 -- a peek
-                    await anyio.sleep(0.02)
             async with (
                 Team(mail, [], remote=["w"]) as team,
                 team.stream("w", "what does the note say?", timeout=20) as events,
             ):
                 seen = [event async for event in events]
-            code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=20))
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            if proc.stderr is not None:
-                proc.stderr.close()
+            code, _ = await exit_code(proc)
     assert code == 0
     progress = [e for e in seen if isinstance(e, ProgressBody)]
     assert {"tool_call", "tool_result", "text"} <= {e.event for e in progress}

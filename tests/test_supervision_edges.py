@@ -24,8 +24,7 @@ from teamrt.agents import Agent, Limits, tool
 from teamrt.errors import MemberBusy, RequestTimeout, ToolCrashed
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, TextDelta, ToolSpec, Usage, call
 from teamrt.team import ProgressBody, RestartPolicy, TaskResult, Team, TeamBudget, Teammate
-
-TESTS = str(Path(__file__).parent)
+from tests.remote import TESTS, run_agent, until_running
 
 
 async def test_an_unlimited_team_budget_still_counts_what_the_team_spent() -> None:
@@ -218,26 +217,6 @@ unpriced_spender = Teammate(
 )
 
 
-def _run_agent(
-    team: Path, spec: str, *extra: str, module: str = "remote_specs"
-) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen(
-        [sys.executable, "-m", "teamrt", "run-agent", str(team), "--name", "w",
-         "--spec", f"{module}:{spec}", *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )  # fmt: skip
-
-
-async def _until_running(mail: FileMailboxes, proc: subprocess.Popen[bytes]) -> None:
-    with anyio.fail_after(30):
-        while mail.store.member_alive("w") is not True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            await anyio.sleep(0.02)
-
-
 async def _stop(proc: subprocess.Popen[bytes]) -> str:
     if proc.poll() is None:
         proc.kill()
@@ -259,9 +238,9 @@ async def test_a_remote_teammate_with_an_unpriced_model_is_held_to_the_team_cost
     # own step limit: every call of its unpriced model is charged $0 against the team's max_cost.
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w"]) as mail:
-        proc = _run_agent(team, "unpriced_spender", module="test_supervision_edges")
+        proc = run_agent(team, "unpriced_spender", module="test_supervision_edges")
         try:
-            await _until_running(mail, proc)
+            await until_running(mail, proc)
             budget = TeamBudget(max_cost=0.000001)
             async with Team(mail, [], remote=["w"], budget=budget) as lead:
                 with anyio.fail_after(60):
@@ -304,9 +283,9 @@ async def test_a_remote_teammate_in_a_restart_backoff_stops_at_the_team_shutdown
     # Expired, and runs on: the process never exits.
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w"]) as mail:
-        proc = _run_agent(team, "slow_restarter", module="test_supervision_edges")
+        proc = run_agent(team, "slow_restarter", module="test_supervision_edges")
         try:
-            await _until_running(mail, proc)
+            await until_running(mail, proc)
             async with Team(mail, [], remote=["w"], shutdown_deadline=0.5) as lead:
                 with anyio.fail_after(10), pytest.raises(RemoteError, match="TeammateCrashed"):
                     await lead.ask("w", "go", timeout=30)
@@ -327,9 +306,9 @@ async def test_a_remote_teammate_in_a_long_restart_backoff_stops_at_once_at_the_
     # it keeps running until the backoff ends (30 to 60 s here), long past the shutdown deadline.
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w"]) as mail:
-        proc = _run_agent(team, "slower_restarter", module="test_supervision_edges")
+        proc = run_agent(team, "slower_restarter", module="test_supervision_edges")
         try:
-            await _until_running(mail, proc)
+            await until_running(mail, proc)
             async with Team(mail, [], remote=["w"], shutdown_deadline=0.5) as lead:
                 with anyio.fail_after(10), pytest.raises(RemoteError, match="TeammateCrashed"):
                     await lead.ask("w", "go", timeout=30)
@@ -431,9 +410,9 @@ async def test_a_remote_teammate_in_its_restart_backoff_is_not_gone(tmp_path: Pa
     # the backoff waits (RequestTimeout here), it does not get TeammateGone.
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w", "other"]) as mail:
-        proc = _run_agent(team, "slower_restarter", module="test_supervision_edges")
+        proc = run_agent(team, "slower_restarter", module="test_supervision_edges")
         try:
-            await _until_running(mail, proc)
+            await until_running(mail, proc)
             async with Team(mail, [], remote=["w"], shutdown_deadline=0.5) as lead:
                 with anyio.fail_after(10), pytest.raises(RemoteError, match="TeammateCrashed"):
                     await lead.ask("w", "go", timeout=30)

@@ -89,3 +89,22 @@ def test_off_it_makes_no_spans() -> None:
     with telemetry.span("nothing") as span:
         assert span is None
     assert telemetry.traceparent() is None
+
+
+def test_the_commands_turn_telemetry_on_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from teamrt.cli.main import main
+
+    anyio.run(_make_team, tmp_path / "t")
+    monkeypatch.setenv("TEAMRT_OTEL", "1")
+    try:
+        assert main(["inspect", str(tmp_path / "t")]) == 0
+        assert telemetry.enabled()
+    finally:
+        telemetry.disable()
+
+
+async def _make_team(path: Path) -> None:
+    async with FileMailboxes(path, members=["lead"]):
+        pass

@@ -3,20 +3,14 @@ carries the id, through sub-requests to other teammates and across processes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-import anyio
 
 from teamrt import FileMailboxes
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.replay import Filter, select, timeline
 from teamrt.team import Team, Teammate
-
-TESTS = str(Path(__file__).parent)
+from tests.remote import exit_code, run_agent, until_running
 
 
 def asker(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
@@ -57,23 +51,13 @@ async def test_every_envelope_of_a_task_carries_its_trace(tmp_path: Path) -> Non
 
 async def test_a_trace_crosses_into_a_teammate_in_another_process(tmp_path: Path) -> None:
     team_dir = tmp_path / "t"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
     async with FileMailboxes(team_dir, members=["lead", "w"]) as mail:
-        proc = subprocess.Popen(  # noqa: ASYNC220 -- started once, waited for in a thread
-            [sys.executable, "-m", "teamrt", "run-agent", str(team_dir), "--name", "w",
-             "--spec", "remote_specs:looker"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
+        proc = run_agent(team_dir, "looker")
+        await until_running(mail, proc)
         try:
-            with anyio.fail_after(30):
-                while mail.store.member_alive("w") is not True:  # noqa: ASYNC110 -- a peek
-                    await anyio.sleep(0.02)
             async with Team(mail, [], remote=["w"]) as team:
                 result = await team.ask("w", "look", timeout=20)
-            await anyio.to_thread.run_sync(lambda: proc.wait(timeout=20))
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            await exit_code(proc)
     traced = list(select(timeline(team_dir), Filter(trace=result.trace_id)))
     assert {(e.sender, e.type) for e in traced} >= {("lead", "task"), ("w", "task_result")}

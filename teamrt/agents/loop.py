@@ -898,17 +898,23 @@ class Agent:
             keyed = call.model_copy(
                 update={"id": f"{self.call_id_prefix}:{state.steps}.{position}"}
             )
-        await self._emit(ToolCallStarted(call))
-        attributes = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": call.name,
-            "gen_ai.tool.call.id": call.id,
-        }
-        with telemetry.span(f"execute_tool {call.name}", attributes) as span:
+        listening = self.on_event is not None  # events and spans cost nothing when off
+        if listening:
+            await self._emit(ToolCallStarted(call))
+        if telemetry.enabled():
+            attributes = {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": call.name,
+                "gen_ai.tool.call.id": call.id,
+            }
+            with telemetry.span(f"execute_tool {call.name}", attributes) as span:
+                result = await self._run_call(state, call, keyed, waits)
+                telemetry.annotate(span, teamrt__tool__ok=result.ok)
+        else:
             result = await self._run_call(state, call, keyed, waits)
-            telemetry.annotate(span, teamrt__tool__ok=result.ok)
         self._record(work, call, ChatMessage.tool_result(call, result.content))
-        await self._emit(ToolCallFinished(call.id, call.name, result.content, result.ok))
+        if listening:
+            await self._emit(ToolCallFinished(call.id, call.name, result.content, result.ok))
 
     async def _run_call(
         self, state: AgentState, call: ToolCall, keyed: ToolCall, waits: bool

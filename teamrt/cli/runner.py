@@ -17,6 +17,7 @@ from typing import NoReturn
 import anyio
 from anyio.abc import TaskStatus
 
+from teamrt import telemetry
 from teamrt.errors import TeamrtError, UsageError
 
 log = logging.getLogger("teamrt.cli")
@@ -114,6 +115,7 @@ def execute(args: argparse.Namespace) -> int:
     """Run one command; say what went wrong in one line, with the exit code that fits."""
     name = f"teamrt {args.command}"
     try:
+        telemetry.enable_from_env()  # TEAMRT_OTEL=1: spans through the global tracer provider
         if inspect.iscoroutinefunction(args.run):
             return int(anyio.run(supervised, args))
         if threading.current_thread() is not threading.main_thread():

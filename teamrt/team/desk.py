@@ -84,7 +84,6 @@ class Desk:
         self._space = anyio.Event()  # the mail buffer has room again
         self._on_queue, self._on_shutdown = on_queue, on_shutdown
         self.started = started  # when the team started (wall clock)
-        self.refused = 0  # tasks answered Busy or Expired
         # tasks found in the inbox at start were accepted before (by an earlier incarnation) or
         # waited for one: the queue's bound applies from the moment the runner is ready
         self.bounded = False
@@ -188,7 +187,6 @@ class Desk:
             return
         if self.bounded and len(self.tasks) >= self.max_queue:
             self.inbox.ack_nowait(request)
-            self.refused += 1
             log.info("%s refused task %s: busy (%d queued)", self.me, request.id, len(self.tasks))
             await self.mail.send(
                 Envelope.error(
@@ -209,7 +207,6 @@ class Desk:
             return False
         self.inbox.ack_nowait(request)
         self._held.pop(request.id, None)
-        self.refused += 1
         late = self._clock() - deadline
         log.info("%s refused %s %s: its deadline passed %.3fs ago", self.me, request.type,
                  request.id, late)  # fmt: skip

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from teamrt.agents.state import AgentState
 from teamrt.agents.tools import cancelled_for_real
-from teamrt.envelopes import Envelope, Request, new_id
+from teamrt.envelopes import Envelope, Request, Response, new_id
 from teamrt.errors import Deadlock, MailboxClosed, ReceiveTimeout, TeammateGone, UsageError
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.store import Lease
@@ -215,20 +215,31 @@ class Team:
         continues `trace_id`): every envelope of it, in any process, carries the id, which the
         result gives back (`teamrt replay DIR --trace ID` shows the whole tree).
         """
+        request = self._task(member, text, TASK, timeout, trace_id)
+        return TaskResult.model_validate((await self._request(request, timeout)).body)
+
+    def _task(
+        self, member: str, text: str, kind: str, timeout: float | None, trace_id: str | None
+    ) -> Request:
+        """The task request for `member` (a pool's least busy replica), which must be running;
+        the lead's inbox is served from here on (answers come back there)."""
         member = self.pick(member)
         status = self.status.get(member)
         if status is not None and status.state in ("crashed", "stopped"):
             raise TeammateGone(f"{member!r} {status.state} and is not running: {status.last}")
         self._serve_lead()
-        request = Envelope.request(
-            self.lead, member, text, type=TASK, timeout=timeout, trace_id=trace_id or new_id()
+        return Envelope.request(
+            self.lead, member, text, type=kind, timeout=timeout, trace_id=trace_id or new_id()
         )
+
+    async def _request(self, request: Request, timeout: float | None) -> Response:
+        """`mail.request`, counted as in flight to its member (for `pick`)."""
+        member = request.recipient
         self._in_flight[member] = self._in_flight.get(member, 0) + 1
         try:
-            response = await self.mail.request(request, timeout=timeout)
+            return await self.mail.request(request, timeout=timeout)
         finally:
             self._in_flight[member] -= 1
-        return TaskResult.model_validate(response.body)
 
     @contextlib.asynccontextmanager
     async def stream(
@@ -245,14 +256,7 @@ class Team:
         Errors are those of `ask`, raised from the iterator. Leaving the block early stops
         waiting (the task goes on; its result reaches the lead's notices).
         """
-        member = self.pick(member)
-        status = self.status.get(member)
-        if status is not None and status.state in ("crashed", "stopped"):
-            raise TeammateGone(f"{member!r} {status.state} and is not running: {status.last}")
-        self._serve_lead()
-        request = Envelope.request(
-            self.lead, member, text, type=STREAMED_TASK, timeout=timeout, trace_id=new_id()
-        )
+        request = self._task(member, text, STREAMED_TASK, timeout, None)
         send, receive = anyio.create_memory_object_stream[ProgressBody | TaskResult | Exception](
             math.inf
         )
@@ -260,15 +264,13 @@ class Team:
 
         async def ask() -> None:
             async with send:
-                self._in_flight[member] = self._in_flight.get(member, 0) + 1
                 try:
-                    response = await self.mail.request(request, timeout=timeout)
+                    response = await self._request(request, timeout)
                     await self._lead_caught_up()  # the progress sent before the answer first
                     await send.send(TaskResult.model_validate(response.body))
                 except Exception as exc:  # handed to the consumer, raised from its iterator
                     await send.send(exc)
                 finally:
-                    self._in_flight[member] -= 1
                     self._progress.pop(request.id, None)
 
         async def events() -> AsyncIterator[ProgressBody | TaskResult]:

@@ -46,22 +46,30 @@ ROSTER_FORMAT = 1
 DEFAULT_SEGMENT_BYTES = 64 << 20
 
 
-def lease_holder(team_dir: Path, name: str) -> str | None:
-    """Who runs member `name` now ("pid N, incarnation ID"), or None if nobody holds its lease.
-    Takes the lock for an instant only when it is free; never blocks."""
+def _probe_lease(path: Path) -> tuple[str, float] | None:
+    """The holder's line and the lease file's modification time (its heartbeat) if a process
+    holds the lease at `path`, else None (the file missing, or its lock free). Takes the lock
+    for an instant only when it is free; never blocks."""
     try:
-        fd = os.open(Path(team_dir) / "agents" / f"{name}.lease", O_READ)
+        fd = os.open(path, O_READ)
     except FileNotFoundError:
         return None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown holder"
+            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown holder"
+            return holder, os.fstat(fd).st_mtime
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
+
+
+def lease_holder(team_dir: Path, name: str) -> str | None:
+    """Who runs member `name` now ("pid N, incarnation ID"), or None if nobody holds its lease."""
+    held = _probe_lease(Path(team_dir) / "agents" / f"{name}.lease")
+    return held[0] if held is not None else None
 
 
 def _lock_exclusive(fd: int) -> None:
@@ -479,22 +487,14 @@ class FileStore(Store):
         never ran here."""
         if self.lease_held(name):
             return True
+        path = self.agents / f"{validate_name(name)}.lease"
         try:
-            fd = os.open(self.agents / f"{validate_name(name)}.lease", O_READ)
-        except FileNotFoundError:
-            return None
+            held = _probe_lease(path)
         except OSError:
             return None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                beat = os.fstat(fd).st_mtime
-                return time.time() - beat < LEASE_STALE_AFTER
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        finally:
-            os.close(fd)
+        if held is None:
+            return False if path.exists() else None
+        return time.time() - held[1] < LEASE_STALE_AFTER
 
     def heartbeat(self) -> None:
         for record in list(self._lease_table().values()):
