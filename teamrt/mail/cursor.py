@@ -1,11 +1,12 @@
 """Cursor arithmetic, with no I/O: what an inbox's owner has handled, and acks in any order.
 
-Theory of operation. A `Cursor` is the committed position: everything before `(segment, offset)`
-is handled, plus runs of lines handled beyond it (`ahead`), the recently handled ids (to drop a
-retried sender's duplicates) and a CRC of the bytes before the offset (so a store can notice a
-log that changed under it). An `AckTracker` turns deliveries (in log order) and acks (in any
-order) into the next cursor to commit, at a cost per ack that does not grow with the number of
-acks waiting behind an unacked envelope.
+Theory of operation. A `Cursor` is the committed position: everything before it is handled, plus
+runs of records handled beyond it (`ahead`), the recently handled ids (to drop a retried sender's
+duplicates) and a check the store writes of what lies before the position (so a store can notice
+an inbox that changed under it). Positions are opaque pairs that only the store interprets (for
+the file store a segment and a byte offset); here they are only compared. An `AckTracker` turns
+deliveries (in log order) and acks (in any order) into the next cursor to commit, at a cost per
+ack that does not grow with the number of acks waiting behind an unacked envelope.
 
 Nothing here may touch a file, a lock or the event loop; everything is tested in memory.
 """
@@ -13,8 +14,6 @@ Nothing here may touch a file, a lock or the event loop; everything is tested in
 from __future__ import annotations
 
 import bisect
-import json
-import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +22,12 @@ from typing import Any
 RECENT_IDS_PERSISTED = 64  # keeps a cursor slot within one 4 KiB page
 
 
-Position = tuple[int, int]  # (segment number, byte offset within it)
-#: A run of handled lines beyond the cursor: every line whose end lies in (from, to].
-Range = tuple[int, int, int, int]  # (from segment, from offset, to segment, to offset)
+#: A place in an inbox, owned by its store: ordered, and opaque to everything above the store.
+#: The file store's is (segment number, byte offset within it).
+Position = tuple[int, int]
+#: A run of handled records beyond the cursor: every record whose end lies in (from, to], as
+#: the two positions' parts (from[0], from[1], to[0], to[1]).
+Range = tuple[int, int, int, int]
 #: Out-of-order ack runs persisted in the cursor; runs past this stay in memory only (their
 #: envelopes are delivered again after a restart) until the owner acks its oldest gap.
 MAX_PERSISTED_RUNS = 256
@@ -33,15 +35,17 @@ MAX_PERSISTED_RUNS = 256
 
 @dataclass(frozen=True, slots=True)
 class Cursor:
-    """What an inbox's owner has handled: everything before `(segment, offset)`, plus the runs
-    of lines handled beyond it (`ahead`, acks in any order).
+    """What an inbox's owner has handled: everything before the position `(segment, offset)`,
+    plus the runs of records handled beyond it (`ahead`, acks in any order).
 
-    `seq` is the seq of the last envelope before the offset (-1 if none), used to report lag.
-    `recent` holds the most recently handled ids; an envelope carrying one of them again (a
-    sender that retried after a crash) is a duplicate and is dropped. `tail` is the CRC-32 of
-    the (up to) 256 bytes before the offset in its segment, written by the store so that a log
-    truncated or replaced under the cursor is noticed. `acked` is the format's older way of
-    saying what was handled ahead (ids); it is read, never written.
+    The position's two parts belong to the store (the names are the file store's: a segment
+    number and a byte offset). `seq` is the seq of the last envelope before the position (-1 if
+    none), used to report lag. `recent` holds the most recently handled ids; an envelope carrying
+    one of them again (a sender that retried after a crash) is a duplicate and is dropped. `tail`
+    is the store's check of what lies before the position (the file store's CRC-32 of the 256
+    bytes before the offset), so that an inbox truncated or replaced under the cursor is noticed.
+    `acked` is the format's older way of saying what was handled ahead (ids); it is read, never
+    written.
     """
 
     segment: int = 0
@@ -67,37 +71,9 @@ class Cursor:
             data["tail"] = self.tail
         return data
 
-    def encode_slot(self, gen: int, size: int) -> bytes | None:
-        """This cursor as one slot of the cursor file: JSON with generation and CRC, padded
-        with spaces to `size` bytes including the final newline. None if it does not fit."""
-        fields = {"gen": gen, **self.to_json_dict()}
-        body = json.dumps(fields, separators=(",", ":"))[:-1].encode()
-        line = b'%b,"crc":"%08x"}' % (body, zlib.crc32(body))
-        if len(line) >= size:
-            return None
-        return line.ljust(size - 1) + b"\n"
-
-    @classmethod
-    def decode_slots(cls, data: bytes) -> tuple[Cursor, int] | None:
-        """The newest valid slot of a cursor file (cursor, generation), or None if none is.
-
-        A slot whose CRC does not match (a write torn by a crash) is ignored: the other slot
-        still holds the previous cursor.
-        """
-        best: tuple[Cursor, int] | None = None
-        for raw in data.split(b"\n"):
-            line = raw.strip()
-            mark = line.rfind(b',"crc":"')
-            if mark < 0 or line[mark + 8 : mark + 16] != b"%08x" % zlib.crc32(line[:mark]):
-                continue
-            try:
-                fields = json.loads(line)
-                cursor, gen = cls.from_json_dict(fields), int(fields["gen"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            if best is None or gen > best[1]:
-                best = (cursor, gen)
-        return best
+    @property
+    def position(self) -> Position:
+        return (self.segment, self.offset)
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> Cursor:
@@ -136,8 +112,8 @@ class AckTracker:
         self.max_runs = max_runs
         self._base = 0  # index of the first item not yet passed by the cursor
         self._next = 0
-        # index -> (segment, end offset, seq) of items not yet passed by the cursor
-        self._items: dict[int, tuple[int, int, int]] = {}
+        # index -> (end position, seq) of items not yet passed by the cursor
+        self._items: dict[int, tuple[Position, int]] = {}
         self._outstanding: dict[str, int] = {}  # delivered, not acked: id -> index
         self._by_first: dict[int, int] = {}  # handled runs: first index -> last index
         self._by_last: dict[int, int] = {}  # and last index -> first index
@@ -151,7 +127,7 @@ class AckTracker:
         for id_ in committed.recent:
             self._remember(id_)
 
-    def deliver(self, id_: str, segment: int, end: int, seq: int | None) -> bool:
+    def deliver(self, id_: str, end: Position, seq: int | None) -> bool:
         """Record a delivery in log order; False (the line is then skipped) if `id_` was
         handled already: recently, ahead of the cursor before a restart, or delivered and not
         yet acked."""
@@ -159,17 +135,17 @@ class AckTracker:
         if (
             id_ in self._recent_set
             or id_ in self._outstanding
-            or (self._restart_runs and self._handled_before_restart(segment, end))
+            or (self._restart_runs and self._handled_before_restart(end))
             or (self._legacy_acked and self._legacy_acked_once(id_))
         ):
-            self._add(segment, end, seq, handled=True)
+            self._add(end, seq, handled=True)
             return False
-        self._outstanding[id_] = self._add(segment, end, seq, handled=False)
+        self._outstanding[id_] = self._add(end, seq, handled=False)
         return True
 
     def skipped(self, end: Position, seq: int | None = None, id_: str | None = None) -> None:
         """An item handled without the owner's ack: a corrupt line, a duplicate, an acked id."""
-        self._add(end[0], end[1], -1 if seq is None else seq, handled=True)
+        self._add(end, -1 if seq is None else seq, handled=True)
 
     def ack(self, id_: str) -> bool:
         """Mark `id_` handled; False if it was not delivered or is already acked."""
@@ -190,14 +166,14 @@ class AckTracker:
             del self._by_last[last]
             del self._firsts[0]  # the smallest first index is the base
             for index in range(self._base, last + 1):
-                entry_segment, end, entry_seq = items.pop(index)
+                end, entry_seq = items.pop(index)
                 if entry_seq >= 0:
                     seq = entry_seq
-            segment, offset = entry_segment, end
+            segment, offset = end
             self._base = last + 1
         runs = self._by_first
         ahead = tuple(
-            items[first - 1][:2] + items[runs[first]][:2] for first in self._firsts[: self.max_runs]
+            items[first - 1][0] + items[runs[first]][0] for first in self._firsts[: self.max_runs]
         )
         self.committed = Cursor(segment, offset, seq, (), tuple(self._persisted), ahead)
         return self.committed
@@ -210,10 +186,10 @@ class AckTracker:
         """True if `id_` was delivered and is not acked yet."""
         return id_ in self._outstanding
 
-    def _add(self, segment: int, end: int, seq: int, *, handled: bool) -> int:
+    def _add(self, end: Position, seq: int, *, handled: bool) -> int:
         index = self._next
         self._next = index + 1
-        self._items[index] = (segment, end, seq)
+        self._items[index] = (end, seq)
         if handled:
             self._mark(index)
         return index
@@ -242,8 +218,8 @@ class AckTracker:
         else:  # two runs became one: the later one's first index goes
             del firsts[bisect.bisect_left(firsts, index + 1)]
 
-    def _handled_before_restart(self, segment: int, end: int) -> bool:
-        runs, position = self._restart_runs, (segment, end)
+    def _handled_before_restart(self, position: Position) -> bool:
+        runs = self._restart_runs
         while self._restart_i < len(runs) and position > runs[self._restart_i][2:]:
             self._restart_i += 1
         if self._restart_i == len(runs):

@@ -1,12 +1,12 @@
-"""The inbox log format, with no I/O: encoding and torn-tail-aware decoding.
+"""The inbox record format, with no I/O: encoding, stamping and decoding one record.
 
-Theory of operation. An inbox is a sequence of JSON lines. A sender encodes an envelope once,
-outside any lock, without `seq` and `team`; under the inbox lock the store splices those two in
-front (`stamp`) and appends the line. A reader feeds whatever bytes it read to a `LineDecoder`,
-which yields one item per complete line, a decoded `Record` or a `Corrupt` line with its offset and
-reason, and keeps an unterminated tail for the next feed, because a tail without its newline may be
-a write still in progress. What the owner has handled (`Cursor`, `AckTracker`) is in cursor.py,
-re-exported here.
+Theory of operation. An inbox is a sequence of records, each one JSON line. A sender encodes an
+envelope once, outside any lock, without `seq` and `team`; the store splices those two in front
+(`stamp`) when it appends, under its lock or in its server-side script, so every store holds the
+same bytes. A store hands its readers whole records (`Entry`: the line and its opaque positions);
+how a store frames them (the file store's torn-tail-aware line splitter) stays inside it. Decoding
+a record gives a `Record` or a `Corrupt` with its reason. What the owner has handled (`Cursor`,
+`AckTracker`) is in cursor.py, re-exported here.
 
 Nothing here may touch a file, a lock or the event loop; everything is tested in memory.
 """
@@ -83,32 +83,66 @@ def stamp_many(encoded: Sequence[bytes], first_seq: int, team: bytes) -> bytes:
 # --- decoding ---------------------------------------------------------------------------------
 
 
+class Entry:
+    """One record of an inbox as its store hands it out: the stamped line without its newline
+    (`raw`), where it is (`at`) and the position just after it (`end`, what a cursor that has
+    passed it holds). Positions are opaque to everything above the store. `too_long`: the
+    record was longer than the store's line limit and `raw` holds only its first bytes; it is
+    quarantined unread.
+
+    A plain slotted class: one is made per record read.
+    """
+
+    __slots__ = ("at", "end", "raw", "too_long")
+
+    def __init__(self, raw: bytes, at: Position, end: Position, too_long: bool = False) -> None:
+        self.raw = raw
+        self.at = at
+        self.end = end
+        self.too_long = too_long
+
+    def __repr__(self) -> str:
+        long = ", too long" if self.too_long else ""
+        return f"Entry({self.raw[:60]!r}, {self.at}, {self.end}{long})"
+
+
 class Record:
-    """A decoded envelope and the byte range of its line.
+    """A decoded envelope and the positions of its record (for tools that read whole inboxes).
 
     A plain slotted class, not a frozen dataclass: one is made per envelope read, and a frozen
     dataclass costs several times more to construct.
     """
 
-    __slots__ = ("end", "envelope", "offset")
+    __slots__ = ("at", "end", "envelope")
 
-    def __init__(self, envelope: Envelope, offset: int, end: int) -> None:
+    def __init__(self, envelope: Envelope, at: Position, end: Position) -> None:
         self.envelope = envelope
-        self.offset = offset
+        self.at = at
         self.end = end
 
     def __repr__(self) -> str:
-        return f"Record({self.envelope!r}, {self.offset}, {self.end})"
+        return f"Record({self.envelope!r}, {self.at}, {self.end})"
 
 
 @dataclass(frozen=True, slots=True)
 class Corrupt:
-    """A complete line that could not be decoded. It is quarantined, never delivered."""
+    """A complete record that could not be decoded or does not belong where it is. It is
+    quarantined, never delivered."""
 
-    offset: int
-    end: int
+    at: Position
+    end: Position
     reason: str
     raw: bytes
+
+
+def decode_entry(entry: Entry, max_line: int = DEFAULT_MAX_LINE) -> Record | Corrupt:
+    """Decode one entry into a `Record`, or a `Corrupt` saying why it is unusable."""
+    if entry.too_long:
+        return Corrupt(entry.at, entry.end, f"line longer than {max_line} bytes", entry.raw)
+    decoded = decode_line(entry.raw)
+    if isinstance(decoded, str):
+        return Corrupt(entry.at, entry.end, decoded, entry.raw)
+    return Record(decoded, entry.at, entry.end)
 
 
 def decode_line(line: bytes) -> Envelope | str:
@@ -148,121 +182,6 @@ def _reason(exc: ValidationError) -> str:
     return f"schema: {where}: {first['msg']}"
 
 
-#: One complete line: (offset, end, raw bytes without the newline, too_long).
-Frame = tuple[int, int, bytes, bool]
-
-
-class LineSplitter:
-    """Frames a byte stream that starts at `offset` into complete lines, without decoding them.
-
-    `feed()` accepts any split of the stream and returns the same frames as feeding it whole. A
-    tail without its newline is held back (it may be a write in progress); at most `max_line`
-    bytes of a line are ever held, and a longer line comes out once, marked `too_long`. Blank
-    lines are skipped.
-    """
-
-    __slots__ = ("_kept", "_max_line", "_skip_start", "_skipping", "_tail", "offset")
-
-    def __init__(self, offset: int = 0, *, max_line: int = DEFAULT_MAX_LINE) -> None:
-        self.offset = offset  # stream offset of the first byte not yet fed
-        self._max_line = max_line
-        self._tail = b""
-        self._skipping = False  # inside an over-long line: keep only its first bytes
-        self._skip_start = 0
-        self._kept = b""
-
-    @property
-    def pending(self) -> int:
-        """Bytes held back because their line has no newline yet."""
-        return len(self._tail)
-
-    @property
-    def position(self) -> int:
-        """Offset just after the last complete line seen."""
-        return self._skip_start if self._skipping else self.offset - len(self._tail)
-
-    def feed(self, data: bytes) -> list[Frame]:
-        frames: list[Frame] = []
-        if not data:
-            return frames
-        base = self.offset - len(self._tail)
-        self.offset += len(data)
-        buf = self._tail + data if self._tail else data
-        last_nl = buf.rfind(b"\n")
-        if last_nl < 0:
-            self._hold(buf, base)
-            return frames
-        pos = 0
-        if self._skipping:  # the rest of an over-long line: report it once, with what we kept
-            nl = buf.find(b"\n")
-            frames.append((self._skip_start, base + nl + 1, self._kept, True))
-            self._skipping = False
-            pos = nl + 1
-            self._tail = b""
-        max_line = self._max_line
-        for line in buf[pos:last_nl].split(b"\n") if pos <= last_nl else ():
-            end = pos + len(line) + 1
-            if len(line) > max_line:
-                frames.append((base + pos, base + end, line[:max_line], True))
-            elif line and not line.isspace():
-                frames.append((base + pos, base + end, line, False))
-            pos = end
-        self._hold(buf[last_nl + 1 :], base + last_nl + 1)
-        return frames
-
-    def flush(self) -> Frame | None:
-        """The held tail as a frame, for a stream that is known to be finished."""
-        if self._skipping:
-            self._skipping = False
-            return (self._skip_start, self.offset, self._kept, True)
-        if not self._tail:
-            return None
-        frame = (self.offset - len(self._tail), self.offset, self._tail, False)
-        self._tail = b""
-        return frame
-
-    def _hold(self, rest: bytes, rest_offset: int) -> None:
-        if self._skipping:
-            return
-        if len(rest) > self._max_line:
-            self._skipping = True
-            self._skip_start = rest_offset
-            self._kept = rest[: self._max_line]
-            self._tail = b""
-        else:
-            self._tail = rest
-
-
-def decode_frame(frame: Frame, max_line: int = DEFAULT_MAX_LINE) -> Record | Corrupt:
-    """Decode one framed line into a `Record`, or a `Corrupt` saying why it is unusable."""
-    offset, end, raw, too_long = frame
-    if too_long:
-        return Corrupt(offset, end, f"line longer than {max_line} bytes", raw)
-    decoded = decode_line(raw)
-    if isinstance(decoded, str):
-        return Corrupt(offset, end, decoded, raw)
-    return Record(decoded, offset, end)
-
-
-class LineDecoder(LineSplitter):
-    """A `LineSplitter` that decodes every line it frames (for tools that read whole logs)."""
-
-    __slots__ = ()
-
-    def feed(self, data: bytes) -> list[Record | Corrupt]:  # type: ignore[override]
-        max_line = self._max_line
-        return [decode_frame(frame, max_line) for frame in super().feed(data)]
-
-
-def decode_all(
-    data: bytes, *, max_line: int = DEFAULT_MAX_LINE
-) -> tuple[list[Record | Corrupt], int]:
-    """Decode a whole buffer; returns the items and the number of trailing unterminated bytes."""
-    decoder = LineDecoder(max_line=max_line)
-    items = decoder.feed(data)
-    return items, decoder.offset - decoder.position
-
-
 __all__ = [
     "DEFAULT_MAX_LINE",
     "MAX_PERSISTED_RUNS",
@@ -270,14 +189,11 @@ __all__ = [
     "AckTracker",
     "Corrupt",
     "Cursor",
-    "Frame",
-    "LineDecoder",
-    "LineSplitter",
+    "Entry",
     "Position",
     "Range",
     "Record",
-    "decode_all",
-    "decode_frame",
+    "decode_entry",
     "decode_line",
     "encode",
     "stamp",

@@ -1,82 +1,182 @@
-"""The store interface: the one seam between the mailbox logic and where inbox bytes live.
+"""The store interface: the one seam between the mailbox logic and where inboxes live.
 
-A store appends encoded envelopes to inboxes (assigning `seq` under its lock), hands an inbox's
-owner a reader over the log, keeps the roster, and tells the mailboxes when another process wrote.
-Everything above it (acks, dedup, request/response, wake-ups in-process) is store-agnostic, and
-every store passes the same conformance suite (`teamrt.testing.conformance`).
+A store appends encoded envelopes to inboxes (assigning `seq`), hands an inbox's owner a reader
+over its records, keeps the roster, leases and the budget ledger, and tells the mailboxes when
+another process wrote. Everything above it (acks, dedup, request/response, wake-ups within a
+process) is store-agnostic, and every store passes the same conformance suite
+(`teamrt.testing.conformance`), with the parts that only some stores can promise gated by their
+`Capabilities`.
+
+The seam is shaped for a store that may be slow or unreachable as well as for local files:
+
+- positions are opaque: a `Position` is an ordered pair that only its store interprets (a segment
+  and byte offset for files, a stream position for Redis); the layers above compare and persist
+  them, nothing more;
+- records are whole: a reader hands out `Entry` objects (one stamped line each); framing, torn
+  tails and the cursor's on-disk encoding stay inside the store;
+- reading has two halves: `read_nowait()` returns what has already arrived and never waits or
+  calls a server, `fetch()` may ask the store's server; commits, quarantine, leases and the
+  ledger are async;
+- an append fails cleanly (`StoreError`: nothing was written), with two errors a network store
+  adds: `StoreUnavailable` (the store was not reached: not sent) and `OutcomeUnknown` (the request
+  went out and no answer came: maybe sent). `Mailboxes.send` retries the second with the same
+  envelope, which the receiver's dedup by id makes safe;
+- a lease carries a fencing token and a `lost` event: a store whose leases expire sets it when
+  another holder took over, commits with a stale token are refused (`LeaseLost`), and a `Team`
+  stops that incarnation;
+- tools (`inspect`, `replay`, `export`, the CLI) read through `TeamView`, a read-only synchronous
+  view of a team; no code above the stores opens an inbox file or names a concrete store.
 """
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, TypeVar
 
+import anyio
 from anyio.abc import TaskStatus
 
-from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Frame
+from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Entry, Position
 
 Durability = Literal["none", "fsync"]
+T = TypeVar("T")
 
-#: How often a process refreshes the heartbeat of the leases it holds, and after how long
-#: without one a holder counts as gone (a stopped or hung process).
+#: How often a process renews the leases it holds (and refreshes their heartbeat), and after how
+#: long without one a holder counts as gone (a stopped or hung process).
 HEARTBEAT_INTERVAL = 1.0
 LEASE_STALE_AFTER = 5.0
 
-#: Encoded envelopes larger than this are refused before any lock is taken.
+#: Encoded envelopes larger than this are refused before anything is written.
 DEFAULT_MAX_ENVELOPE = 1 << 20
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a store can promise beyond the interface; the conformance suite runs the tests of
+    a capability only on the stores that claim it."""
+
+    #: Other processes (and, for a network store, other hosts) can open the same team.
+    shared: bool = False
+    #: Inboxes open without waiting on a server, so `Mailboxes.inbox(name)` works directly;
+    #: otherwise `await mail.open_inbox(name)` opens one.
+    opens_locally: bool = True
+    #: A lease is released the moment its holder's process dies (an flock).
+    leases_die_with_process: bool = False
+    #: Leases expire unless renewed; a holder that stopped renewing loses its lease to the next
+    #: claimant and is told so (`Lease.lost`, `LeaseLost` on commit).
+    leases_expire: bool = False
+    #: A broadcast reaches every other member or none (`append_broadcast`).
+    atomic_broadcast: bool = False
+    #: The store is reached over a network: appends can fail as `StoreUnavailable` or
+    #: `OutcomeUnknown`.
+    network: bool = False
+
+
 class InboxReader(ABC):
-    """The owner's view of one inbox: new items from the cursor on, and cursor commits."""
+    """The owner's view of one inbox: records from the committed cursor on, and commits.
+
+    Entries come out in the inbox's order, each exactly once across `read_nowait` and `fetch`,
+    until the reader is started again.
+    """
 
     @abstractmethod
-    def load_cursor(self) -> Cursor:
-        """The committed cursor (the start of the log if none was committed)."""
+    async def start(self) -> Cursor:
+        """Load the committed cursor (the start of the inbox if none was committed) and read
+        from there; called again after another consumer committed (`changed_elsewhere`)."""
 
     @abstractmethod
-    def seek(self, cursor: Cursor) -> None:
-        """Position the reader at `cursor`."""
+    def read_nowait(self) -> list[Entry]:
+        """Entries that have arrived since the last read, without waiting and without asking a
+        server; [] when there is none. Never raises on bad data (a bad record is an `Entry`
+        that fails to decode, or one marked `too_long`)."""
 
-    @abstractmethod
-    def read(self) -> tuple[int, list[Frame]]:
-        """Complete lines written since the last read, framed but not decoded, with the
-        segment they are in (decoding is left to the caller, one line at a time).
-
-        Returns `(segment, [])` when nothing new is there. Never blocks, never raises on bad data.
-        """
+    async def fetch(self) -> list[Entry]:
+        """Like `read_nowait`, but a network store may ask its server for what it has not
+        pushed yet (the periodic rescan calls this)."""
+        return self.read_nowait()
 
     @abstractmethod
     def has_new(self) -> bool:
-        """True if a `read()` might return something (cheap; used by the safety rescan)."""
+        """True if a read might return something (cheap, never raises; for the rescan)."""
 
     @abstractmethod
-    def commit(self, cursor: Cursor) -> None:
-        """Make `cursor` the committed read position, atomically."""
+    async def commit(self, cursor: Cursor) -> None:
+        """Make `cursor` the committed read position, atomically. A store whose leases expire
+        refuses the commit of a holder that lost its lease (`LeaseLost`)."""
 
     @abstractmethod
-    def quarantine(self, segment: int, item: Corrupt) -> None:
-        """Record a line that could not be decoded (once, even if it is read again)."""
+    async def quarantine(self, item: Corrupt) -> None:
+        """Record a record that could not be delivered (once, even if it is read again)."""
 
-    def changed_elsewhere(self) -> bool:
+    async def changed_elsewhere(self) -> bool:
         """True if another consumer committed this inbox's cursor since this reader last
-        loaded or committed it."""
+        started or committed."""
         return False
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the reader holds locally (no I/O that can wait)."""
+
+
+class TeamView(ABC):
+    """A read-only, synchronous view of a team for tools (`inspect`, `replay`, `export`, the
+    CLI): it takes no lease, writes nothing and may run while the team runs."""
+
+    team: str
+    locator: str  # what opened it: a directory, or a store URL
+
+    @abstractmethod
+    def members(self) -> tuple[str, ...]: ...
+
+    def created_at(self) -> float | None:
+        return None
+
+    @abstractmethod
+    def scan(self, name: str, after: Position | None = None) -> Iterator[Entry]:
+        """Every complete record of `name`'s inbox in order (from the start, or after the
+        position `after`), streamed: memory stays bounded whatever the inbox's size."""
+
+    @abstractmethod
+    def end(self, name: str) -> Position:
+        """The position after the last complete record now."""
+
+    @abstractmethod
+    def committed(self, name: str) -> Cursor:
+        """The owner's committed cursor (the start if none)."""
+
+    @abstractmethod
+    def quarantined(self, name: str) -> Iterator[dict[str, Any]]:
+        """The quarantine records of `name`'s inbox: position, reason, raw line, time."""
+
+    @abstractmethod
+    def holder(self, name: str) -> str | None:
+        """Who runs member `name` now (the lease holder's description), or None."""
+
+    def sizes(self, name: str) -> dict[str, int]:
+        """Store-specific sizes of an inbox for `inspect` (segments and bytes for files)."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027 -- nothing to release for most views
+        """Release connections or descriptors."""
+
+    def __enter__(self) -> TeamView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Store(ABC):
-    """Where inboxes live. Implementations: `FileStore`, `MemoryStore`."""
+    """Where inboxes live. Implementations: `FileStore`, `MemoryStore`, `RedisStore`."""
 
     team: str
+    capabilities: ClassVar[Capabilities] = Capabilities()
     max_envelope: int = DEFAULT_MAX_ENVELOPE
-    max_line: int = DEFAULT_MAX_LINE  # longer lines are quarantined unread
+    max_line: int = DEFAULT_MAX_LINE  # longer records are quarantined unread
     durability: Durability = "none"
-    needs_polling: bool = False  # True where no file notifications exist
-    blocking_commits: bool = False  # True if cursor commits should run in a worker thread
+    needs_polling: bool = False  # True where the store cannot tell this process of new records
 
     @abstractmethod
     async def open(self, members: Sequence[str]) -> None:
@@ -86,8 +186,12 @@ class Store(ABC):
     async def close(self) -> None: ...
 
     @abstractmethod
-    def members(self, *, refresh: bool = False) -> tuple[str, ...]:
-        """The roster; `refresh=True` re-reads it (another process may have added members)."""
+    def members(self) -> tuple[str, ...]:
+        """The roster as this store object last saw it (no I/O that can wait)."""
+
+    async def members_now(self) -> tuple[str, ...]:
+        """The roster now (another process may have added members)."""
+        return self.members()
 
     @abstractmethod
     async def add_member(self, name: str) -> None:
@@ -97,8 +201,9 @@ class Store(ABC):
     async def append(self, recipient: str, encoded: bytes) -> int:
         """Append one encoded envelope (see `log.encode`) to `recipient`'s inbox; return its seq.
 
-        When this returns, the envelope is in the log at the store's durability level. On any
-        failure nothing partial stays in the log and a `StoreError` is raised.
+        When this returns, the envelope is in the inbox at the store's durability level. On
+        failure, `StoreUnavailable` and other `StoreError`s mean nothing was written, and
+        `OutcomeUnknown` means it may have been (a network store whose answer never came).
         """
 
     async def append_many(self, recipient: str, encoded: Sequence[bytes]) -> int:
@@ -107,11 +212,16 @@ class Store(ABC):
         seqs = [await self.append(recipient, item) for item in encoded]
         return seqs[0] if seqs else -1
 
+    async def append_broadcast(self, sender: str, encoded: bytes) -> tuple[str, ...]:
+        """Append one encoded broadcast to every member's inbox but `sender`'s, all or none;
+        return the members it reached. Only for stores with `atomic_broadcast`."""
+        raise NotImplementedError(f"{type(self).__name__} has no atomic broadcast")
+
     @abstractmethod
     def reader(self, name: str) -> InboxReader:
-        """A reader over `name`'s inbox, for its owner."""
+        """A reader over `name`'s inbox for its owner (not started: `await reader.start()`)."""
 
-    def tail_reader(self, name: str) -> InboxReader:
+    async def tail_reader(self, name: str) -> InboxReader:
         """A reader over `name`'s inbox positioned at its end, for watching what comes next
         without consuming it (it takes no lease and must never commit or quarantine)."""
         raise NotImplementedError(f"{type(self).__name__} has no tail reader")
@@ -125,116 +235,183 @@ class Store(ABC):
     def watch_inbox(self, name: str) -> None:
         """Start reporting writes to `name`'s inbox (called when a local reader opens)."""
 
+    def view(self) -> TeamView:
+        """A read-only view of this store's team for tools."""
+        raise NotImplementedError(f"{type(self).__name__} has no view")
+
     # -- the team's budget ledger, shared by every process of the team --
 
-    def ledger_update(
+    async def ledger_update(
         self, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]
     ) -> dict[str, Any] | None:
-        """Apply `change` to the team's budget ledger atomically (under the store's lock, for
-        every process of the team) and return the new ledger; `change` gets None when there
-        is no ledger yet, and returning None leaves it as it was."""
-        with self._ledger_lock:
-            ledger = change(self._ledger)
-            if ledger is not None:
-                self._ledger = dict(ledger)
-            return self._ledger
+        """Apply `change` to the team's budget ledger atomically (for every process of the
+        team) and return the new ledger; `change` gets None when there is no ledger yet, and
+        returning None leaves it as it was. `change` may be called more than once (a store
+        with optimistic concurrency retries it)."""
+        ledger = change(self._ledger)
+        if ledger is not None:
+            self._ledger = dict(ledger)
+        return self._ledger
 
-    def ledger_read(self) -> dict[str, Any] | None:
+    async def ledger_read(self) -> dict[str, Any] | None:
         """The team's budget ledger (limits and spend), or None if there is none."""
         return self._ledger
 
     _ledger: dict[str, Any] | None = None
-    _ledger_lock: contextlib.nullcontext[None] = contextlib.nullcontext()
 
     # -- liveness: is anybody running a member? --
 
-    def member_alive(self, name: str) -> bool | None:
+    async def member_alive(self, name: str) -> bool | None:
         """Whether member `name` runs now: True if a live holder has its lease, False if its
-        lease was held once and is not now (or its holder's heartbeat stopped for
+        lease was held once and is not now (or its holder stopped renewing it for
         `LEASE_STALE_AFTER` seconds), None if the store cannot tell or the member never ran
         (a member nobody runs, such as a human answering with `teamrt send`)."""
         return None
 
-    def heartbeat(self) -> None:  # noqa: B027 -- optional for stores without heartbeats
-        """Refresh the heartbeat of every lease this store object holds (the mailboxes call
-        this every `HEARTBEAT_INTERVAL` seconds)."""
+    async def renew_leases(self) -> None:  # noqa: B027 -- optional for stores without expiry
+        """Renew every lease this store object holds (refresh its heartbeat; extend its time
+        limit). A lease found taken over is marked lost. The mailboxes call this every
+        `HEARTBEAT_INTERVAL` seconds; it never raises for a store that cannot be reached."""
 
     # -- leases: one live consumer per member; re-entrant within this store object --
 
-    def acquire_lease(self, name: str, holder: str) -> Lease:
+    async def acquire_lease(self, name: str, holder: str) -> Lease:
         """Become the one live owner of member `name` (its inbox consumer), or raise
-        `MemberBusy` naming the current holder. Released by `Lease.release()` or by the death
-        of the holding process.
+        `MemberBusy` naming the current holder. Released by `Lease.release()`, by the death of
+        the holding process (`leases_die_with_process`) or by expiry (`leases_expire`).
 
         Re-entrant within this store object: while this store holds the lease, further
-        acquisitions succeed (a Team and an inbox of one process share it), and the lease is
-        given up when the last of them releases it. Another store object, in this process or
-        another, is refused.
+        acquisitions succeed and share it (a Team and an inbox of one process), and the lease
+        is given up when the last of them releases it. Another store object, in this process
+        or another, is refused.
         """
         records = self._lease_table()
         record = records.get(name)
-        if record is None:
-            token = self._lock_member(name, holder)
-            record = records[name] = _LeaseRecord(name, token)
+        if record is None or record.lost.is_set():
+            if record is not None:  # lost: its holders keep their (lost) handles
+                del records[name]
+            token, fence = await self._lock_member(name, holder)
+            record = records[name] = LeaseRecord(name, token, fence)
         else:
-            self._describe_holder(record.token, holder)
+            await self._describe_holder(record, holder)
         record.holders.append(holder)
-        return _SharedLease(self, record, holder)
+        return Lease(self, record, holder)
 
     def lease_held(self, name: str) -> bool:
-        """True while this store object holds member `name`'s lease."""
-        return name in self._lease_table()
+        """True while this store object holds member `name`'s lease (and has not lost it)."""
+        record = self._lease_table().get(name)
+        return record is not None and not record.lost.is_set()
 
-    def _lease_table(self) -> dict[str, _LeaseRecord]:
+    def held_leases(self) -> list[LeaseRecord]:
+        return list(self._lease_table().values())
+
+    def _lease_table(self) -> dict[str, LeaseRecord]:
         try:
             return self._lease_records
         except AttributeError:
-            self._lease_records: dict[str, _LeaseRecord] = {}
+            self._lease_records: dict[str, LeaseRecord] = {}
             return self._lease_records
 
-    def _release(self, record: _LeaseRecord, holder: str) -> None:
+    def _lease_lost(self, record: LeaseRecord) -> None:
+        """Mark a lease lost (for stores whose leases expire): its holders are told through
+        `Lease.lost`, and the next acquisition tries to take it afresh."""
+        record.lost.set()
+
+    async def _release(self, record: LeaseRecord, holder: str) -> None:
         record.holders.remove(holder)
         if record.holders:
-            self._describe_holder(record.token, record.holders[-1])
+            await self._describe_holder(record, record.holders[-1])
             return
-        del self._lease_table()[record.name]
-        self._unlock_member(record.token)
+        if self._lease_table().get(record.name) is record:
+            del self._lease_table()[record.name]
+        if not record.lost.is_set():
+            await self._unlock_member(record)
 
     @abstractmethod
-    def _lock_member(self, name: str, holder: str) -> object:
+    async def _lock_member(self, name: str, holder: str) -> tuple[object, int]:
         """Take member `name`'s lease for this store (not yet held by it), or raise
-        `MemberBusy`; returns what `_unlock_member` needs."""
+        `MemberBusy`; returns what `_unlock_member` needs and the fencing token (a number
+        that grows with every acquisition of this member, where the store keeps one)."""
 
-    def _describe_holder(self, token: object, holder: str) -> None:  # noqa: B027 -- optional
+    async def _describe_holder(self, record: LeaseRecord, holder: str) -> None:  # noqa: B027
         """Record who holds the lease now (for the error the next claimant sees)."""
 
     @abstractmethod
-    def _unlock_member(self, token: object) -> None: ...
+    async def _unlock_member(self, record: LeaseRecord) -> None: ...
 
 
-class Lease(ABC):
-    """Exclusive ownership of a member name, held until released."""
+@dataclass(eq=False)
+class LeaseRecord:
+    """One lease a store object holds, shared by its holders in this process."""
 
-    @abstractmethod
-    def release(self) -> None: ...
-
-
-class _LeaseRecord:
-    __slots__ = ("holders", "name", "token")
-
-    def __init__(self, name: str, token: object) -> None:
-        self.name = name
-        self.token = token
-        self.holders: list[str] = []
+    name: str
+    token: object  # what the store needs to release it
+    fence: int  # the fencing token: grows with every acquisition of the member
+    holders: list[str] = field(default_factory=list)
+    lost: anyio.Event = field(default_factory=anyio.Event)
 
 
-class _SharedLease(Lease):
-    def __init__(self, store: Store, record: _LeaseRecord, holder: str) -> None:
+class Lease:
+    """Exclusive ownership of a member, held until released (or lost, for stores whose leases
+    expire: `lost` is set when another holder took over)."""
+
+    def __init__(self, store: Store, record: LeaseRecord, holder: str) -> None:
         self._store: Store | None = store
         self._record = record
         self._holder = holder
 
-    def release(self) -> None:
+    @property
+    def name(self) -> str:
+        return self._record.name
+
+    @property
+    def fence(self) -> int:
+        """The fencing token of this acquisition."""
+        return self._record.fence
+
+    @property
+    def lost(self) -> anyio.Event:
+        """Set when the store found that this lease expired and another holder took it."""
+        return self._record.lost
+
+    async def release(self) -> None:
         if self._store is not None:
             store, self._store = self._store, None
-            store._release(self._record, self._holder)
+            with anyio.CancelScope(shield=True):
+                await store._release(self._record, self._holder)
+
+
+def run_local(coroutine: Coroutine[Any, Any, T], what: str) -> T:
+    """Run a coroutine of a local store (one that never waits) to its end, synchronously.
+
+    For the calls that must stay synchronous on local stores (`Mailboxes.inbox(name)`): a file
+    or memory store's lease, cursor and quarantine calls complete without suspending. A store
+    that would suspend is refused with a clear error instead of being run half way.
+    """
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coroutine.close()
+    from teamrt.errors import UsageError
+
+    raise UsageError(f"{what} must wait on this store: use `await mail.open_inbox(name)`")
+
+
+__all__ = [
+    "DEFAULT_MAX_ENVELOPE",
+    "HEARTBEAT_INTERVAL",
+    "LEASE_STALE_AFTER",
+    "Capabilities",
+    "Corrupt",
+    "Cursor",
+    "Durability",
+    "Entry",
+    "InboxReader",
+    "Lease",
+    "LeaseRecord",
+    "Position",
+    "Store",
+    "TeamView",
+    "run_local",
+]

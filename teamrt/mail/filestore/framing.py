@@ -1,0 +1,175 @@
+"""How the file store frames its logs and encodes its cursor file, with no I/O.
+
+An inbox file is a stream of newline-terminated JSON lines. `LineSplitter` frames whatever bytes
+were read into complete lines and holds an unterminated tail back, because a tail without its
+newline may be a write still in progress; the reader turns frames into store-neutral `Entry`
+records whose positions are `(segment, byte offset)`. The cursor file holds two CRC-checked slots
+of one page each (`encode_slot`, `decode_slots`): a commit overwrites the older slot, and a slot
+torn by a crash fails its CRC so the other one is used.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+from teamrt.mail.log import (
+    DEFAULT_MAX_LINE,
+    Corrupt,
+    Cursor,
+    Entry,
+    Record,
+    decode_entry,
+)
+
+#: One complete line: (offset, end, raw bytes without the newline, too_long).
+Frame = tuple[int, int, bytes, bool]
+
+
+class LineSplitter:
+    """Frames a byte stream that starts at `offset` into complete lines, without decoding them.
+
+    `feed()` accepts any split of the stream and returns the same frames as feeding it whole. A
+    tail without its newline is held back (it may be a write in progress); at most `max_line`
+    bytes of a line are ever held, and a longer line comes out once, marked `too_long`. Blank
+    lines are skipped.
+    """
+
+    __slots__ = ("_kept", "_max_line", "_skip_start", "_skipping", "_tail", "offset")
+
+    def __init__(self, offset: int = 0, *, max_line: int = DEFAULT_MAX_LINE) -> None:
+        self.offset = offset  # stream offset of the first byte not yet fed
+        self._max_line = max_line
+        self._tail = b""
+        self._skipping = False  # inside an over-long line: keep only its first bytes
+        self._skip_start = 0
+        self._kept = b""
+
+    @property
+    def pending(self) -> int:
+        """Bytes held back because their line has no newline yet."""
+        return len(self._tail)
+
+    @property
+    def position(self) -> int:
+        """Offset just after the last complete line seen."""
+        return self._skip_start if self._skipping else self.offset - len(self._tail)
+
+    def feed(self, data: bytes) -> list[Frame]:
+        frames: list[Frame] = []
+        if not data:
+            return frames
+        base = self.offset - len(self._tail)
+        self.offset += len(data)
+        buf = self._tail + data if self._tail else data
+        last_nl = buf.rfind(b"\n")
+        if last_nl < 0:
+            self._hold(buf, base)
+            return frames
+        pos = 0
+        if self._skipping:  # the rest of an over-long line: report it once, with what we kept
+            nl = buf.find(b"\n")
+            frames.append((self._skip_start, base + nl + 1, self._kept, True))
+            self._skipping = False
+            pos = nl + 1
+            self._tail = b""
+        max_line = self._max_line
+        for line in buf[pos:last_nl].split(b"\n") if pos <= last_nl else ():
+            end = pos + len(line) + 1
+            if len(line) > max_line:
+                frames.append((base + pos, base + end, line[:max_line], True))
+            elif line and not line.isspace():
+                frames.append((base + pos, base + end, line, False))
+            pos = end
+        self._hold(buf[last_nl + 1 :], base + last_nl + 1)
+        return frames
+
+    def flush(self) -> Frame | None:
+        """The held tail as a frame, for a stream that is known to be finished."""
+        if self._skipping:
+            self._skipping = False
+            return (self._skip_start, self.offset, self._kept, True)
+        if not self._tail:
+            return None
+        frame = (self.offset - len(self._tail), self.offset, self._tail, False)
+        self._tail = b""
+        return frame
+
+    def _hold(self, rest: bytes, rest_offset: int) -> None:
+        if self._skipping:
+            return
+        if len(rest) > self._max_line:
+            self._skipping = True
+            self._skip_start = rest_offset
+            self._kept = rest[: self._max_line]
+            self._tail = b""
+        else:
+            self._tail = rest
+
+
+def entry(frame: Frame, segment: int = 0) -> Entry:
+    """The store-neutral record of a frame of segment `segment`."""
+    offset, end, raw, too_long = frame
+    return Entry(raw, (segment, offset), (segment, end), too_long)
+
+
+def decode_frame(
+    frame: Frame, max_line: int = DEFAULT_MAX_LINE, segment: int = 0
+) -> Record | Corrupt:
+    """Decode one framed line into a `Record`, or a `Corrupt` saying why it is unusable."""
+    return decode_entry(entry(frame, segment), max_line)
+
+
+class LineDecoder(LineSplitter):
+    """A `LineSplitter` that decodes every line it frames (for tools that read whole logs)."""
+
+    __slots__ = ()
+
+    def feed(self, data: bytes) -> list[Record | Corrupt]:  # type: ignore[override]
+        max_line = self._max_line
+        return [decode_frame(frame, max_line) for frame in super().feed(data)]
+
+
+def decode_all(
+    data: bytes, *, max_line: int = DEFAULT_MAX_LINE
+) -> tuple[list[Record | Corrupt], int]:
+    """Decode a whole buffer; returns the items and the number of trailing unterminated bytes."""
+    decoder = LineDecoder(max_line=max_line)
+    items = decoder.feed(data)
+    return items, decoder.offset - decoder.position
+
+
+# --- the cursor file ---------------------------------------------------------------------------
+
+
+def encode_slot(cursor: Cursor, gen: int, size: int) -> bytes | None:
+    """This cursor as one slot of the cursor file: JSON with generation and CRC, padded
+    with spaces to `size` bytes including the final newline. None if it does not fit."""
+    fields = {"gen": gen, **cursor.to_json_dict()}
+    body = json.dumps(fields, separators=(",", ":"))[:-1].encode()
+    line = b'%b,"crc":"%08x"}' % (body, zlib.crc32(body))
+    if len(line) >= size:
+        return None
+    return line.ljust(size - 1) + b"\n"
+
+
+def decode_slots(data: bytes) -> tuple[Cursor, int] | None:
+    """The newest valid slot of a cursor file (cursor, generation), or None if none is.
+
+    A slot whose CRC does not match (a write torn by a crash) is ignored: the other slot
+    still holds the previous cursor.
+    """
+    best: tuple[Cursor, int] | None = None
+    for raw in data.split(b"\n"):
+        line = raw.strip()
+        mark = line.rfind(b',"crc":"')
+        if mark < 0 or line[mark + 8 : mark + 16] != b"%08x" % zlib.crc32(line[:mark]):
+            continue
+        try:
+            fields = json.loads(line)
+            cursor, gen = Cursor.from_json_dict(fields), int(fields["gen"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if best is None or gen > best[1]:
+            best = (cursor, gen)
+    return best
