@@ -14,9 +14,12 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     ├── MailboxClosed(RuntimeError)          the mailboxes were used after close
     ├── MemberBusy(RuntimeError)             the member name already runs somewhere else
     ├── TeammateGone                         asked a teammate that crashed and did not restart
-    ├── StoreError(OSError)                  the disk refused: nothing was half-written
+    ├── StoreError(OSError)                  the store refused: nothing was half-written
     │   ├── DiskFull                         ENOSPC/EFBIG; the inbox was rolled back
     │   ├── DurabilityError                  fsync failed: the send is NOT acknowledged
+    │   ├── StoreUnavailable                 a network store was not reached: not sent
+    │   ├── OutcomeUnknown                   a network store did not answer: maybe sent
+    │   ├── LeaseLost                        this holder's lease expired and was taken over
     │   ├── UnsafeDirectory                  a team directory another user could prepare or write
     │   ├── StoreCorrupt                     an inbox's files disagree: run `teamrt repair`
     │   └── PartialBroadcast                 a broadcast reached some members, not all (named)
@@ -100,6 +103,23 @@ class DurabilityError(StoreError):
     A failed fsync is never retried into a false success (after a writeback error Linux reports
     the error once and marks the pages clean, so a second fsync would "succeed").
     """
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached (a network store whose server is down or unreachable):
+    the operation was not carried out, and an append was not sent. Safe to try again."""
+
+
+class OutcomeUnknown(StoreError):
+    """A network store's server did not answer in time after the request went out: the append
+    may or may not have been applied. `Mailboxes.send` retries it with the same envelope (the
+    receiver drops a second copy by its id) before raising this."""
+
+
+class LeaseLost(StoreError):
+    """This process's lease on a member expired and another holder took it over (a store whose
+    leases expire, after this process stopped renewing it): its cursor commits are refused and
+    the incarnation that held it must stop."""
 
 
 class ReceiveTimeout(TeamrtError, TimeoutError):
