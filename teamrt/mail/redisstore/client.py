@@ -1,0 +1,259 @@
+"""Connections to the Redis server, and the one translation of redis-py's errors into teamrt's.
+
+A network store must tell "not sent" from "maybe sent", which redis-py's client does not (its
+retries and its one `ConnectionError` for both cases blur them). So this module drives redis-py's
+connections itself, with redis-py's retries off: a failure while taking or opening a connection
+(refused, unreachable, the handshake unanswered) happens before the command left this process and
+becomes `StoreUnavailable`; a failure after the command was written (a timeout, the connection
+dropped) becomes `OutcomeUnknown` for a change and `StoreUnavailable` for a read (a read can
+simply be asked again). A reply the server refused without running the command (LOADING,
+READONLY, BUSY, OOM) is "not sent" too.
+
+Idle connections are kept in a small free list; a connection the server closed while it was idle
+is noticed before it is used (its stream is at EOF), so a server restart costs a reconnect, not
+an ambiguous outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from redis.asyncio.connection import Connection, SSLConnection, parse_url
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from teamrt.errors import OutcomeUnknown, StoreError, StoreUnavailable
+from teamrt.mail.redisstore.keys import Locator
+from teamrt.mail.redisstore.scripts import Script
+
+log = logging.getLogger("teamrt.mail")
+
+#: How long a command may wait for its answer before it is reported as unanswered.
+DEFAULT_SOCKET_TIMEOUT = 5.0
+#: How long opening a connection may take before the server counts as unreachable.
+DEFAULT_CONNECT_TIMEOUT = 2.0
+_MAX_IDLE = 32  # idle connections kept; more are closed when given back
+
+#: redis-py errors raised while a command was on its way or its answer was awaited.
+_TRANSPORT_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+#: Error replies that mean the server did not run the command.
+_REFUSED = (BusyLoadingError, ReadOnlyError, OutOfMemoryError)
+
+
+def connection_kwargs(
+    locator: Locator, *, socket_timeout: float | None, connect_timeout: float
+) -> tuple[type[Any], dict[str, Any]]:
+    """The connection class and keyword arguments for redis-py, with its retries off."""
+    kwargs: dict[str, Any] = dict(parse_url(locator.url))
+    connection_class = kwargs.pop("connection_class", Connection)
+    if connection_class not in (Connection, SSLConnection):
+        raise StoreError(f"unsupported Redis connection in {locator.shown}")
+    kwargs.setdefault("socket_timeout", socket_timeout)
+    kwargs.setdefault("socket_connect_timeout", connect_timeout)
+    kwargs.setdefault("socket_keepalive", True)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs["driver_info"] = None  # no CLIENT SETINFO round trips on connect
+    kwargs["protocol"] = 2  # no HELLO round trip; the replies' shapes are RESP2's
+    return connection_class, kwargs
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class RedisClient:
+    """The store's connections to one server, and its commands with teamrt's errors."""
+
+    def __init__(
+        self,
+        locator: Locator,
+        *,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> None:
+        self.locator = locator
+        self.socket_timeout = socket_timeout
+        self.connect_timeout = connect_timeout
+        self._class, self._kwargs = connection_kwargs(
+            locator, socket_timeout=socket_timeout, connect_timeout=connect_timeout
+        )
+        self._idle: list[Any] = []
+        self._busy: set[Any] = set()
+        self._loaded: set[str] = set()
+
+    # -- errors --
+
+    def unavailable(self, exc: BaseException | str, what: str) -> StoreUnavailable:
+        reason = exc if isinstance(exc, str) else _reason(exc)
+        return StoreUnavailable(
+            f"Redis at {self.locator.address} could not be reached to {what} ({reason}); "
+            f"nothing was done. Check that redis-server runs and that {self.locator.shown} "
+            "is the right server, then try again"
+        )
+
+    def unknown(self, exc: BaseException, what: str) -> OutcomeUnknown:
+        return OutcomeUnknown(
+            f"Redis at {self.locator.address} did not answer after the request to {what} went "
+            f"out ({_reason(exc)}): it may or may not have been carried out. The server may be "
+            "paused, overloaded or cut off; sending the same envelope again is safe (its "
+            "receiver drops a second copy by its id)"
+        )
+
+    def refused(self, exc: RedisError, what: str) -> StoreError:
+        """An error reply that is not teamrt's own (a script's `TEAMRT_` errors are)."""
+        if isinstance(exc, BusyLoadingError):
+            return self.unavailable("the server is still loading its data", what)
+        if isinstance(exc, ReadOnlyError):
+            return self.unavailable("the server is a read-only replica", what)
+        if isinstance(exc, OutOfMemoryError):
+            return StoreError(
+                f"Redis at {self.locator.address} refused to {what}: it is out of memory "
+                "(maxmemory); nothing was written. Free memory on the server (export and trim "
+                "old inboxes) or raise its maxmemory"
+            )
+        if isinstance(exc, (NoPermissionError, AuthenticationError)):
+            return StoreError(
+                f"Redis at {self.locator.address} refused to {what}: {_reason(exc)} (the "
+                "Redis user needs the stream, hash, list, string, set and scripting commands)"
+            )
+        if str(exc).startswith("BUSY"):
+            return self.unavailable("the server is busy running a slow script", what)
+        return StoreError(f"Redis at {self.locator.address} refused to {what}: {_reason(exc)}")
+
+    # -- connections --
+
+    def new_connection(self, *, socket_timeout: float | None = None) -> Any:
+        """A connection of its own (not pooled), e.g. for a blocking read."""
+        kwargs = dict(self._kwargs)
+        if socket_timeout is not None:
+            kwargs["socket_timeout"] = socket_timeout
+        return self._class(**kwargs)
+
+    async def connect(self, conn: Any, what: str) -> None:
+        """Open `conn` if it is not open; any failure here is `StoreUnavailable`."""
+        try:
+            await conn.connect()
+        except _REFUSED as exc:
+            await self.discard(conn)
+            raise self.refused(exc, what) from None
+        except (*_TRANSPORT_ERRORS, RedisError) as exc:
+            await self.discard(conn)
+            raise self.unavailable(exc, what) from None
+
+    async def _take(self, what: str) -> Any:
+        while self._idle:
+            conn = self._idle.pop()
+            reader = getattr(conn, "_reader", None)
+            if conn.is_connected and reader is not None and not reader.at_eof():
+                self._busy.add(conn)
+                return conn
+            await self.discard(conn)  # closed by the server while idle (e.g. a restart)
+        conn = self._class(**self._kwargs)
+        await self.connect(conn, what)
+        self._busy.add(conn)
+        return conn
+
+    async def _give(self, conn: Any) -> None:
+        self._busy.discard(conn)
+        if len(self._idle) < _MAX_IDLE:
+            self._idle.append(conn)
+        else:
+            await self.discard(conn)
+
+    async def discard(self, conn: Any) -> None:
+        """Close a connection whose state is unknown (never reused)."""
+        self._busy.discard(conn)
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await conn.disconnect(nowait=True)
+
+    async def aclose(self) -> None:
+        """Close every connection (idle ones, and any still in use by a cancelled call)."""
+        conns, self._idle = [*self._idle, *self._busy], []
+        self._busy.clear()
+        for conn in conns:
+            await self.discard(conn)
+
+    # -- commands --
+
+    async def pipeline(
+        self, commands: Sequence[Sequence[Any]], what: str, *, change: bool = True
+    ) -> list[Any]:
+        """Send `commands` on one connection in one write and read every reply. Error replies
+        come back as `ResponseError` objects in the list, in their places. `change=False`
+        (reads) reports a lost answer as `StoreUnavailable` instead of `OutcomeUnknown`."""
+        conn = await self._take(what)
+        replies: list[Any] = []
+        try:
+            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except (ResponseError, BusyLoadingError) as exc:  # an error reply: read on
+                    replies.append(exc)
+        except _TRANSPORT_ERRORS as exc:
+            await self.discard(conn)
+            if change:
+                raise self.unknown(exc, what) from None
+            raise self.unavailable(exc, what) from None
+        except BaseException:
+            await self.discard(conn)  # cancelled half way: the replies would be out of step
+            raise
+        await self._give(conn)
+        for reply in replies:
+            if isinstance(reply, BusyLoadingError):  # a refusal: nothing was run
+                raise self.refused(reply, what)
+        return replies
+
+    async def call(self, *args: Any, what: str, change: bool = True) -> Any:
+        """One command; an error reply is raised as a teamrt `StoreError`."""
+        (reply,) = await self.pipeline([args], what, change=change)
+        if isinstance(reply, ResponseError):
+            raise self.refused(reply, what)
+        return reply
+
+    async def script(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        what: str,
+        *,
+        change: bool = True,
+    ) -> Any:
+        """Run a script (EVALSHA, or EVAL once the server does not know it). An error reply of
+        the script's own (`TEAMRT_...`) is raised as redis-py's `ResponseError` for the caller
+        to interpret; any other error reply as a `StoreError`."""
+        if script.sha in self._loaded:
+            command: tuple[Any, ...] = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        else:
+            command = ("EVAL", script.source, len(keys), *keys, *args)
+        (reply,) = await self.pipeline([command], what, change=change)
+        if isinstance(reply, NoScriptError):  # the server restarted or flushed its scripts
+            self._loaded.discard(script.sha)
+            (reply,) = await self.pipeline(
+                [("EVAL", script.source, len(keys), *keys, *args)], what, change=change
+            )
+        if isinstance(reply, ResponseError):
+            if str(reply).startswith("TEAMRT_"):
+                self._loaded.add(script.sha)
+                raise reply
+            raise self.refused(reply, what)
+        self._loaded.add(script.sha)
+        return reply

@@ -1,0 +1,465 @@
+"""`RedisStore`: a team's inboxes as Redis Streams, shared by processes on several hosts."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from anyio.abc import TaskStatus
+from redis.exceptions import ResponseError
+
+from teamrt.errors import (
+    DurabilityError,
+    EnvelopeTooLarge,
+    LeaseLost,
+    StoreCorrupt,
+    StoreError,
+    TeamrtError,
+    UnknownRecipient,
+    UsageError,
+)
+from teamrt.mail.log import DEFAULT_MAX_LINE
+from teamrt.mail.redisstore import leases, scripts
+from teamrt.mail.redisstore.client import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_SOCKET_TIMEOUT,
+    RedisClient,
+)
+from teamrt.mail.redisstore.keys import Locator, TeamKeys, parse_locator
+from teamrt.mail.redisstore.reader import RedisReader
+from teamrt.mail.redisstore.watcher import Watcher
+from teamrt.mail.store import (
+    DEFAULT_MAX_ENVELOPE,
+    LEASE_STALE_AFTER,
+    Capabilities,
+    Durability,
+    LeaseRecord,
+    Store,
+)
+from teamrt.names import validate_name
+
+#: The layout version written in a team's meta hash; a newer one is refused.
+FORMAT = 1
+_LEDGER_TRIES = 100
+
+
+class RedisStore(Store):
+    """Inboxes as Redis Streams, for a team whose processes run on several hosts.
+
+        store = RedisStore("redis://redis.internal:6379/0?team=research")
+        async with Mailboxes(store, members=["lead", "writer"]) as mail: ...
+
+    `url` is `redis://[user:password@]host:port/db?team=NAME` (or `rediss://` for TLS); `team=`
+    may be given as an argument instead. Every key of the team starts with
+    `<prefix>:{<team>}:` (one Redis Cluster hash slot). Each inbox is one stream whose entry ids
+    follow `seq`, holding the same stamped lines the file store writes.
+
+    - `durability="none"` (default) works with any server and promises what the server's own
+      persistence promises: an acknowledged send survives the death of any teamrt process;
+      with the server's `appendonly yes` and `appendfsync everysec` it survives the server
+      process being killed, and loses at most about a second of sends if the machine loses
+      power; without the append-only file a server restart loses the team (and every process
+      of the team then refuses to go on: see below). `"fsync"` checks when the team is opened
+      that the server runs with `appendonly yes` and `appendfsync always` (an acknowledged
+      send is on the server's disk) and raises `DurabilityError` if it does not, or if the
+      server does not allow `CONFIG GET`.
+    - `max_envelope` and `lease_ttl` (seconds a member's lease lasts without a renewal; the
+      holder renews it every second) are fixed for the team when it is created; the team's
+      values win afterwards, so every process agrees on them.
+    - `create=False` refuses to create a team that does not exist (for tools that join one).
+    - `socket_timeout`: how long a command waits for its answer before it fails as
+      `OutcomeUnknown` (a change) or `StoreUnavailable` (a read); `connect_timeout`: how long
+      opening a connection may take before the server counts as unreachable
+      (`StoreUnavailable`: nothing was sent).
+
+    Each team has a random epoch, stored with it and remembered by every store object that
+    opened it; every script and the watcher check it. A server that lost the team's data (for
+    instance restarted without its append-only file) is refused with `StoreCorrupt` saying so,
+    instead of numbering inboxes from 0 again under cursors that would skip the new mail.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        shared=True,
+        opens_locally=False,
+        leases_expire=True,
+        atomic_broadcast=True,
+        network=True,
+    )
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        team: str | None = None,
+        durability: Durability = "none",
+        max_envelope: int = DEFAULT_MAX_ENVELOPE,
+        prefix: str | None = None,
+        lease_ttl: float = LEASE_STALE_AFTER,
+        create: bool = True,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> None:
+        if durability not in ("none", "fsync"):
+            raise UsageError(f"durability must be 'none' or 'fsync', not {durability!r}")
+        if lease_ttl <= 0 or socket_timeout <= 0 or connect_timeout <= 0:
+            raise UsageError("lease_ttl, socket_timeout and connect_timeout must be positive")
+        self.locator: Locator = parse_locator(url, team=team, prefix=prefix)
+        self.team = self.locator.team
+        self.shown = self.locator.shown
+        self.keys = TeamKeys(self.locator.prefix, self.team)
+        self.client = RedisClient(
+            self.locator, socket_timeout=socket_timeout, connect_timeout=connect_timeout
+        )
+        self.durability: Durability = durability
+        self.max_envelope = max_envelope
+        self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
+        self.lease_ttl_ms = int(lease_ttl * 1000)
+        self.create = create
+        self.epoch = ""  # set by open(); kept for the life of this object
+        self.created_at: float | None = None
+        self._roster: tuple[str, ...] = ()
+        self.watcher = Watcher(self)
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.shown!r})"
+
+    # -- errors --
+
+    def _check_open(self) -> None:
+        if not self.epoch:
+            raise UsageError(f"the Redis store of team {self.team!r} is not open: open() it first")
+
+    def epoch_error(self, found: str | None) -> StoreCorrupt:
+        """The error for a team whose epoch is not the one this object opened."""
+        if found is None or found == "-":
+            return StoreCorrupt(
+                f"team {self.team!r} is gone from Redis at {self.shown}: the data this process "
+                f"opened (epoch {self.epoch}) was lost, most likely because redis-server "
+                "restarted without its append-only file (appendonly yes) or the database was "
+                "flushed. Refusing to go on: its inboxes would start again at seq 0 and cursors "
+                "would skip new mail. Restore the server's data (its AOF or RDB file), or stop "
+                "every process of the team and start it again as a new team"
+            )
+        return StoreCorrupt(
+            f"team {self.team!r} at {self.shown} was created again (epoch {found}; this process "
+            f"opened epoch {self.epoch}): the data this process opened was lost. Refusing to go "
+            "on with positions and cursors of the lost team; stop this process and start it "
+            "again to join the new team"
+        )
+
+    def check_epoch(self, found: object) -> None:
+        """Raise `StoreCorrupt` unless `found` (a reply to `HGET meta epoch`) is our epoch."""
+        if isinstance(found, ResponseError):
+            raise self.client.refused(found, "read the team's epoch")
+        text = found.decode() if isinstance(found, bytes) else None
+        if text != self.epoch:
+            raise self.epoch_error(text)
+
+    def unknown_recipient(self, name: str) -> UnknownRecipient:
+        return UnknownRecipient(
+            f"no member {name!r} in team {self.team!r} "
+            f"(members: {', '.join(self._roster) or 'none'})"
+        )
+
+    def script_error(
+        self, exc: ResponseError, name: str, what: str = "", record: LeaseRecord | None = None
+    ) -> TeamrtError:
+        """A script's error reply as teamrt's error."""
+        code, _, detail = str(exc).partition(" ")
+        if code == "TEAMRT_EPOCH":
+            return self.epoch_error(detail or None)
+        if code == "TEAMRT_UNKNOWN":
+            return self.unknown_recipient(name)
+        if code == "TEAMRT_LEASE":
+            holder = detail.partition(" ")[2] if detail != "-" else ""
+            if record is not None:
+                self._lease_lost(record)
+            fence = f" (fence {record.fence})" if record is not None else ""
+            now = f"{holder} holds it now" if holder else "it expired and was taken since"
+            return LeaseLost(
+                f"{name}'s lease in team {self.team!r} was lost by this process{fence}: {now}. "
+                "Its cursor commit is refused; this incarnation must stop"
+            )
+        if code == "TEAMRT_NOTEAM":
+            return StoreError(
+                f"no team {self.team!r} at {self.shown} (create it first, e.g. by starting the "
+                "team, or pass create=True)"
+            )
+        if code == "TEAMRT_FOREIGN" or "XADD is equal or smaller" in str(exc):
+            return StoreCorrupt(
+                f"{detail or name}'s inbox in team {self.team!r} at {self.shown} has an entry "
+                "that teamrt did not write (another program added to the stream); nothing was "
+                "appended. Export the team (teamrt export) and remove the foreign entry"
+            )
+        return self.client.refused(exc, what or "run a script")
+
+    # -- the team --
+
+    async def open(self, members: Sequence[str]) -> None:
+        names = [validate_name(name) for name in members]
+        if self.durability == "fsync":
+            await self._check_durability()
+        await self._open(names, create=self.create)
+
+    async def _open(self, names: Sequence[str], *, create: bool) -> None:
+        keys = self.keys
+        try:
+            reply = await self.client.script(
+                scripts.OPEN,
+                [keys.meta, keys.members, keys.next],
+                [
+                    "1" if create else "0",
+                    self.epoch,
+                    secrets.token_hex(8),
+                    repr(time.time()),
+                    FORMAT,
+                    self.max_envelope,
+                    self.team,
+                    self.lease_ttl_ms,
+                    *names,
+                ],
+                f"open team {self.team!r}",
+            )
+        except ResponseError as exc:
+            raise self.script_error(exc, "", f"open team {self.team!r}") from None
+        epoch, created_at, layout, max_envelope, lease_ttl_ms, roster = reply
+        if int(layout) > FORMAT:
+            raise StoreError(
+                f"team {self.team!r} at {self.shown} was made by a newer teamrt (layout "
+                f"{int(layout)}; this one knows {FORMAT}); upgrade teamrt"
+            )
+        self.epoch = epoch.decode()
+        self.created_at = float(created_at)
+        self.max_envelope = int(max_envelope)
+        self.max_line = max(DEFAULT_MAX_LINE, self.max_envelope + 256)
+        self.lease_ttl_ms = int(lease_ttl_ms)
+        self._roster = tuple(name.decode() for name in roster)
+
+    async def _check_durability(self) -> None:
+        what = "check the server's persistence (CONFIG GET appendonly, appendfsync)"
+        replies = await self.client.pipeline(
+            [("CONFIG", "GET", "appendonly"), ("CONFIG", "GET", "appendfsync")],
+            what,
+            change=False,
+        )
+        advice = (
+            "set `appendonly yes` and `appendfsync always` in redis.conf (or with CONFIG SET), "
+            "or use durability='none', which promises what the server's own settings do"
+        )
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise DurabilityError(
+                    f"durability='fsync' needs Redis at {self.locator.address} to run with "
+                    f"appendonly yes and appendfsync always, and it refused CONFIG GET to check "
+                    f"({reply}); let this client run CONFIG GET, or {advice}"
+                )
+        settings = {bytes(r[0]).decode(): bytes(r[1]).decode() for r in replies if len(r) == 2}
+        if settings.get("appendonly") != "yes" or settings.get("appendfsync") != "always":
+            raise DurabilityError(
+                f"durability='fsync' needs Redis at {self.locator.address} to run with "
+                f"appendonly yes and appendfsync always; it has appendonly "
+                f"{settings.get('appendonly', '?')} and appendfsync "
+                f"{settings.get('appendfsync', '?')}: {advice}"
+            )
+
+    async def close(self) -> None:
+        """Close this object's connections (its leases are released by their holders)."""
+        await self.client.aclose()
+
+    def members(self) -> tuple[str, ...]:
+        return self._roster
+
+    async def members_now(self) -> tuple[str, ...]:
+        self._check_open()
+        replies = await self.client.pipeline(
+            [("HGET", self.keys.meta, "epoch"), ("LRANGE", self.keys.members, 0, -1)],
+            "read the roster",
+            change=False,
+        )
+        self.check_epoch(replies[0])
+        self._roster = tuple(name.decode() for name in replies[1])
+        return self._roster
+
+    async def add_member(self, name: str) -> None:
+        validate_name(name)
+        self._check_open()
+        await self._open([name], create=False)
+
+    # -- appending --
+
+    async def append(self, recipient: str, encoded: bytes) -> int:
+        return await self.append_many(recipient, (encoded,))
+
+    async def append_many(self, recipient: str, encoded: Sequence[bytes]) -> int:
+        if not encoded:
+            return -1
+        validate_name(recipient, what="recipient")
+        self._check_open()
+        for item in encoded:
+            if len(item) > self.max_envelope:
+                raise EnvelopeTooLarge(
+                    f"an encoded envelope of {len(item)} bytes is over the team's limit of "
+                    f"{self.max_envelope}; nothing was sent"
+                )
+        keys = self.keys
+        what = f"append to {recipient}'s inbox"
+        try:
+            first = await self.client.script(
+                scripts.APPEND,
+                [keys.meta, keys.next, keys.inbox(recipient)],
+                [self.epoch, recipient, self.team, *encoded],
+                what,
+            )
+        except ResponseError as exc:
+            raise self.script_error(exc, recipient, what) from None
+        return int(first)
+
+    async def append_broadcast(self, sender: str, encoded: bytes) -> tuple[str, ...]:
+        self._check_open()
+        if len(encoded) > self.max_envelope:
+            raise EnvelopeTooLarge(
+                f"an encoded broadcast of {len(encoded)} bytes is over the team's limit of "
+                f"{self.max_envelope}; nothing was sent"
+            )
+        keys = self.keys
+        what = f"broadcast from {sender}"
+        for _ in range(10):
+            roster = self._roster
+            targets = [name for name in roster if name != sender]
+            try:
+                ok, names = await self.client.script(
+                    scripts.BROADCAST,
+                    [keys.meta, keys.next, keys.members, *(keys.inbox(n) for n in targets)],
+                    [self.epoch, self.team, sender, encoded, ",".join(roster)],
+                    what,
+                )
+            except ResponseError as exc:
+                raise self.script_error(exc, sender, what) from None
+            found = tuple(name.decode() for name in names)
+            if int(ok) == 1:
+                return found
+            self._roster = found  # members joined since: again with the server's roster
+        raise StoreError(f"{what}: the roster kept changing; nothing was sent")
+
+    # -- reading and watching --
+
+    def reader(self, name: str) -> RedisReader:
+        return RedisReader(self, validate_name(name))
+
+    async def tail_reader(self, name: str) -> RedisReader:
+        self._check_open()
+        reader = RedisReader(self, validate_name(name), tail=True)
+        await reader.start()
+        return reader
+
+    async def watch(self, notify: Callable[[str], None], *, task_status: TaskStatus[None]) -> None:
+        await self.watcher.run(notify, task_status=task_status)
+
+    def watch_inbox(self, name: str) -> None:
+        self.watcher.watch_inbox(name)
+
+    def view(self) -> Any:
+        """A read-only, synchronous view of this team for tools (`RedisView`)."""
+        from teamrt.mail.redisstore.view import RedisView
+
+        return RedisView(
+            self.locator.url,
+            team=self.team,
+            prefix=self.locator.prefix,
+            socket_timeout=self.client.socket_timeout,
+            connect_timeout=self.client.connect_timeout,
+        )
+
+    # -- the budget ledger --
+
+    async def _ledger_fetch(self) -> tuple[str, dict[str, Any] | None]:
+        self._check_open()
+        replies = await self.client.pipeline(
+            [("HGET", self.keys.meta, "epoch"), ("HMGET", self.keys.ledger, "v", "d")],
+            "read the team's budget ledger",
+            change=False,
+        )
+        self.check_epoch(replies[0])
+        version, data = replies[1]
+        if data is None:
+            return "0", None
+        try:
+            ledger = json.loads(data)
+        except ValueError:
+            ledger = None
+        if not isinstance(ledger, dict):
+            raise StoreCorrupt(
+                f"the budget ledger of team {self.team!r} at {self.shown} is not a JSON "
+                f"object; delete the key {self.keys.ledger} to start a new one"
+            )
+        return (version or b"0").decode(), ledger
+
+    async def ledger_read(self) -> dict[str, Any] | None:
+        return (await self._ledger_fetch())[1]
+
+    async def ledger_update(
+        self, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]
+    ) -> dict[str, Any] | None:
+        """Apply `change` with optimistic concurrency: read the ledger and its version, and
+        replace it by a script only if the version did not move meanwhile (else again)."""
+        for _ in range(_LEDGER_TRIES):
+            version, current = await self._ledger_fetch()
+            ledger = change(current)
+            if ledger is None:
+                return current
+            data = json.dumps(ledger, sort_keys=True)
+            try:
+                done = await self.client.script(
+                    scripts.LEDGER,
+                    [self.keys.meta, self.keys.ledger],
+                    [self.epoch, version, data],
+                    "update the team's budget ledger",
+                )
+            except ResponseError as exc:
+                raise self.script_error(exc, "", "update the team's budget ledger") from None
+            if int(done) == 1:
+                return dict(ledger)
+        raise StoreError(
+            f"the budget ledger of team {self.team!r} kept changing under this process "
+            f"({_LEDGER_TRIES} tries); nothing was changed"
+        )
+
+    # -- leases and liveness (leases.py) --
+
+    def lease_record(self, name: str) -> LeaseRecord | None:
+        """This object's live lease on `name`, or None."""
+        record = self._lease_table().get(name)
+        return None if record is None or record.lost.is_set() else record
+
+    def holder_text(self, record: LeaseRecord) -> str:
+        return leases.holder_text(record.holders[-1] if record.holders else "")
+
+    async def _lock_member(self, name: str, holder: str) -> tuple[object, int]:
+        self._check_open()
+        return await leases.lock_member(self, name, holder)
+
+    async def _describe_holder(self, record: LeaseRecord, holder: str) -> None:
+        await leases.describe_holder(self, record, holder)
+
+    async def _unlock_member(self, record: LeaseRecord) -> None:
+        await leases.unlock_member(self, record)
+
+    async def renew_leases(self) -> None:
+        await leases.renew_leases(self)
+
+    async def member_alive(self, name: str) -> bool | None:
+        return await leases.member_alive(self, name)
+
+    def _lease_lost(self, record: LeaseRecord) -> None:
+        if not record.lost.is_set():
+            leases.log.warning(
+                "teamrt: %s's lease in team %r (fence %d) was taken over by another holder; "
+                "this incarnation's commits are refused from now on",
+                record.name,
+                self.team,
+                record.fence,
+            )
+        super()._lease_lost(record)

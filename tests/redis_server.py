@@ -1,0 +1,179 @@
+"""A private redis-server for the tests: a free port of 127.0.0.1, a temporary directory, the
+append-only file on, stopped by its pid. Never the system's service.
+
+Tests that need one use the `redis_server` fixture (one server per test, for tests that kill,
+pause or wipe it) or `shared_redis` (one per test session, each test on its own team).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REDIS_SERVER = shutil.which("redis-server")
+
+needs_redis = pytest.mark.skipif(
+    REDIS_SERVER is None, reason="redis-server is not installed (apt-get install redis-server)"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One redis-server process in `directory` (which holds its append-only file)."""
+
+    def __init__(self, directory: Path, *, appendfsync: str = "always") -> None:
+        self.directory = directory
+        self.appendfsync = appendfsync
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.paused = False
+
+    def url(self, team: str | None = None) -> str:
+        team = team or f"t{uuid.uuid4().hex[:12]}"
+        return f"redis://127.0.0.1:{self.port}/0?team={team}"
+
+    def start(self) -> None:
+        assert REDIS_SERVER is not None
+        assert self.process is None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        options = {
+            "port": str(self.port),
+            "bind": "127.0.0.1",
+            "dir": str(self.directory),
+            "appendonly": "yes",
+            "appendfsync": self.appendfsync,
+            "save": "",
+            "daemonize": "no",
+            "logfile": str(self.directory / "redis.log"),
+        }
+        self.process = subprocess.Popen(
+            [
+                REDIS_SERVER,
+                *(part for key, value in options.items() for part in (f"--{key}", value)),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while not _answers(self.port):
+            if self.process.poll() is not None:
+                log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
+                self.process = None
+                raise RuntimeError(f"redis-server did not start on port {self.port}:\n{log}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server did not answer on port {self.port}")
+            time.sleep(0.01)
+
+    def pause(self) -> None:
+        """SIGSTOP: the server accepts connections (the kernel does) but answers nothing."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+        self.paused = False
+
+    @contextlib.contextmanager
+    def outage(self) -> Iterator[None]:
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
+    def kill(self) -> None:
+        """kill -9 (resumed first if paused, so that it dies now)."""
+        process = self.process
+        if process is None:
+            return
+        process.send_signal(signal.SIGKILL)
+        if self.paused:
+            process.send_signal(signal.SIGCONT)
+            self.paused = False
+        process.wait(10)
+        self.process = None
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        if self.paused:
+            self.resume()
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+        self.process = None
+
+    def wipe(self) -> None:
+        """Remove the server's data files (only while it is stopped)."""
+        assert self.process is None
+        for path in self.directory.iterdir():
+            if path.name != "redis.log":
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    server = RedisServer(tmp_path_factory.mktemp("redis"), appendfsync="everysec")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
