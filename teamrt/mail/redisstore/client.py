@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,6 +72,28 @@ def connection_kwargs(
     kwargs["driver_info"] = None  # no CLIENT SETINFO round trips on connect
     kwargs["protocol"] = 2  # no HELLO round trip; the replies' shapes are RESP2's
     return connection_class, kwargs
+
+
+def _still_open(conn: Any) -> bool:
+    """True if an idle connection is open and the server has sent nothing on it. The event
+    loop may not have read the server's FIN yet (a server restarted while this process was
+    busy), so the socket itself is asked, without blocking: a connection closed while idle
+    must not turn the next command into an ambiguous outcome."""
+    reader = getattr(conn, "_reader", None)
+    writer = getattr(conn, "_writer", None)
+    if not conn.is_connected or reader is None or writer is None or reader.at_eof():
+        return False
+    transport_socket = writer.get_extra_info("socket")
+    sock = getattr(transport_socket, "_sock", None)  # asyncio's wrapper forbids recv()
+    if not isinstance(sock, socket.socket):
+        return True  # cannot tell: the command's own errors will say
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return True  # nothing to read: open and quiet
+    except OSError:
+        return False
+    return False  # b"": closed by the server; data: a reply nobody awaited (out of step)
 
 
 def _reason(exc: BaseException) -> str:
@@ -160,8 +183,7 @@ class RedisClient:
     async def _take(self, what: str) -> Any:
         while self._idle:
             conn = self._idle.pop()
-            reader = getattr(conn, "_reader", None)
-            if conn.is_connected and reader is not None and not reader.at_eof():
+            if _still_open(conn):
                 self._busy.add(conn)
                 return conn
             await self.discard(conn)  # closed by the server while idle (e.g. a restart)
@@ -237,9 +259,11 @@ class RedisClient:
         *,
         change: bool = True,
     ) -> Any:
-        """Run a script (EVALSHA, or EVAL once the server does not know it). An error reply of
-        the script's own (`TEAMRT_...`) is raised as redis-py's `ResponseError` for the caller
-        to interpret; any other error reply as a `StoreError`."""
+        """Run a script (EVALSHA, or EVAL once the server does not know it). An error reply
+        from the script (its own `TEAMRT_...` errors, or a command of it that failed) is raised
+        as redis-py's `ResponseError` for the caller to interpret (`RedisStore.script_error`);
+        a refusal to run it at all (out of memory, a replica, no permission, busy) as a
+        `StoreError`."""
         if script.sha in self._loaded:
             command: tuple[Any, ...] = ("EVALSHA", script.sha, len(keys), *keys, *args)
         else:
@@ -251,9 +275,9 @@ class RedisClient:
                 [("EVAL", script.source, len(keys), *keys, *args)], what, change=change
             )
         if isinstance(reply, ResponseError):
-            if str(reply).startswith("TEAMRT_"):
-                self._loaded.add(script.sha)
-                raise reply
-            raise self.refused(reply, what)
+            if isinstance(reply, (*_REFUSED, NoPermissionError)) or str(reply).startswith("BUSY"):
+                raise self.refused(reply, what)
+            self._loaded.add(script.sha)
+            raise reply  # the script's own error, or one of its commands'
         self._loaded.add(script.sha)
         return reply

@@ -68,8 +68,10 @@ async def lock_member(store: RedisStore, name: str, holder: str) -> tuple[object
 
 
 async def describe_holder(store: RedisStore, record: LeaseRecord, holder: str) -> None:
+    """Name the holder in the lease; a lease found in another holder's hands is marked lost
+    (the acquisition that asked gets a lease whose `lost` is set)."""
     try:
-        await store.client.script(
+        done = await store.client.script(
             scripts.DESCRIBE,
             [store.keys.lease(record.name)],
             [record.fence, holder_text(holder)],
@@ -77,6 +79,9 @@ async def describe_holder(store: RedisStore, record: LeaseRecord, holder: str) -
         )
     except (StoreError, ResponseError) as exc:  # only a description
         log.debug("could not describe the holder of %s's lease: %s", record.name, exc)
+        return
+    if int(done) < 0:
+        store._lease_lost(record)
 
 
 async def unlock_member(store: RedisStore, record: LeaseRecord) -> None:
@@ -118,7 +123,7 @@ async def renew_leases(store: RedisStore) -> None:
         if isinstance(error, StoreCorrupt):
             log.error("teamrt: %s; every lease of this process is lost", error)
             for record in records:
-                store._lease_lost(record)
+                store._lease_lost(record, "the team's data was lost on the server")
         else:
             log.warning("teamrt: leases not renewed: %s", error)
         return

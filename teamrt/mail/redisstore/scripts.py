@@ -173,16 +173,18 @@ return out
 )
 
 #: Rewrite the holder's description of a lease this fence holds. KEYS: lease. ARGV: fence, holder.
+#: Returns 1 (done), 0 (no lease: it expired) or -1 (another holder has it).
 DESCRIBE = Script(
     "describe",
     """#!lua
 local prefix = ARGV[1] .. ' '
 local value = redis.call('GET', KEYS[1])
-if value and string.sub(value, 1, #prefix) == prefix then
+if not value then return 0 end
+if string.sub(value, 1, #prefix) == prefix then
   redis.call('SET', KEYS[1], prefix .. ARGV[2], 'KEEPTTL')
   return 1
 end
-return 0
+return -1
 """,
 )
 

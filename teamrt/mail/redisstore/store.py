@@ -453,13 +453,14 @@ class RedisStore(Store):
     async def member_alive(self, name: str) -> bool | None:
         return await leases.member_alive(self, name)
 
-    def _lease_lost(self, record: LeaseRecord) -> None:
+    def _lease_lost(self, record: LeaseRecord, why: str = "another holder took it over") -> None:
         if not record.lost.is_set():
             leases.log.warning(
-                "teamrt: %s's lease in team %r (fence %d) was taken over by another holder; "
-                "this incarnation's commits are refused from now on",
+                "teamrt: %s's lease in team %r (fence %d) is lost: %s; this incarnation's "
+                "commits are refused from now on",
                 record.name,
                 self.team,
                 record.fence,
+                why,
             )
         super()._lease_lost(record)

@@ -129,7 +129,7 @@ class Watcher:
             if not self._in_flight:
                 continue  # the loop rebuilds its set before its next read anyway
             # a failure here: the loop meets the same trouble and retries with the new set
-            with contextlib.suppress(StoreError):
+            with contextlib.suppress(StoreError, ResponseError):
                 await client.script(
                     scripts.KICK, [self._control], [CONTROL_TTL_MS], "wake the watcher"
                 )
