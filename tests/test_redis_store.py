@@ -38,6 +38,10 @@ def _sync(server: RedisServer) -> Any:
     return redis.Redis(port=server.port, protocol=2)
 
 
+def _client(store: RedisStore) -> Any:
+    return redis.Redis.from_url(store.locator.url, protocol=2)
+
+
 def _message(i: object, to: str = "worker") -> bytes:
     return encode(Envelope.message("lead", to, i))
 
@@ -302,7 +306,7 @@ async def test_cursor_commits_are_fenced_and_a_lost_lease_is_told(store: RedisSt
     _sync_keys = store.keys
     other = RedisStore(store.locator.url, team=store.team)
     await other.open([])
-    redis_sync = redis.Redis.from_url(store.locator.url, protocol=2)
+    redis_sync = _client(store)
     redis_sync.delete(_sync_keys.lease("worker"))
     successor = await other.acquire_lease("worker", "pid 2, second")
     assert successor.fence > lease.fence
@@ -334,7 +338,7 @@ async def test_cursor_commits_are_fenced_and_a_lost_lease_is_told(store: RedisSt
 
 
 async def test_renewal_extends_takes_back_or_reports_lost(store: RedisStore) -> None:
-    r = redis.Redis.from_url(store.locator.url, protocol=2)
+    r = _client(store)
     key = store.keys.lease("worker")
     lease = await store.acquire_lease("worker", "me")
     r.pexpire(key, 50)
@@ -342,7 +346,7 @@ async def test_renewal_extends_takes_back_or_reports_lost(store: RedisStore) -> 
     assert r.pttl(key) > 1000  # extended to the full time limit
     r.delete(key)  # expired, and nobody took it since: taken back
     await store.renew_leases()
-    assert bytes(r.get(key) or b"").startswith(b"%d " % lease.fence)
+    assert r.get(key).startswith(b"%d " % lease.fence)
     assert not lease.lost.is_set()
     rd = store.reader("worker")
     await rd.start()

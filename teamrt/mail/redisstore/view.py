@@ -9,6 +9,7 @@ read).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,10 +107,16 @@ class RedisView(TeamView):
     # -- inboxes --
 
     def scan(self, name: str, after: Position | None = None) -> Iterator[Entry]:
+        return self._scan(name, after, self.max_line)
+
+    def scan_whole(self, name: str) -> Iterator[Entry]:
+        """Like `scan`, but records longer than the line limit come whole (for export)."""
+        return self._scan(name, None, sys.maxsize)
+
+    def _scan(self, name: str, after: Position | None, max_line: int) -> Iterator[Entry]:
         self._check_member(name)
         key = self.keys.inbox(name)
         start = 0 if after is None else after[1]
-        max_line = self.max_line
         while True:
             items = self._run(
                 "XRANGE",
