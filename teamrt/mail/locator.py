@@ -71,7 +71,10 @@ def open_store(
                 f"{describe(locator)} is a Redis team, and the Redis client is not installed "
                 f"({exc}): install teamrt with the redis extra, pip install 'teamrt[redis]'"
             ) from None
-        return RedisStore(str(locator), durability=durability, max_envelope=max_envelope, **options)
+        store: Store = redisstore.RedisStore(
+            str(locator), durability=durability, max_envelope=max_envelope, **options
+        )
+        return store
     from teamrt.mail.filestore.store import FileStore
 
     return FileStore(
