@@ -32,7 +32,7 @@ def run_agent(
 async def until_running(mail: FileMailboxes, proc: subprocess.Popen[bytes]) -> None:
     """Wait until the child holds member w's lease (or fail with what it printed)."""
     with anyio.fail_after(30):
-        while mail.store.member_alive("w") is not True:
+        while await mail.store.member_alive("w") is not True:
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             await anyio.sleep(0.02)
 

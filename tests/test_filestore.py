@@ -23,7 +23,8 @@ from teamrt import (
     UnknownRecipient,
 )
 from teamrt.mail import filestore
-from teamrt.mail.log import decode_all, encode, stamp
+from teamrt.mail.filestore.framing import decode_all
+from teamrt.mail.log import encode, stamp
 
 MEMBERS = ("lead", "worker")
 

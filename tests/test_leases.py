@@ -62,14 +62,14 @@ async def test_a_lease_is_shared_within_one_store_in_either_order(
     async with FileMailboxes(team, members=MEMBERS) as mail, FileMailboxes(team) as other:
         if inbox_first:
             inbox = mail.inbox("worker")
-            lease = mail.store.acquire_lease("worker", "pid 1, incarnation X")
+            lease = await mail.store.acquire_lease("worker", "pid 1, incarnation X")
         else:
-            lease = mail.store.acquire_lease("worker", "pid 1, incarnation X")
+            lease = await mail.store.acquire_lease("worker", "pid 1, incarnation X")
             inbox = mail.inbox("worker")
         assert lease_holder(team, "worker") == "pid 1, incarnation X"
         with pytest.raises(MemberBusy, match="incarnation X"):
-            other.store.acquire_lease("worker", "someone else")
-        lease.release()
+            await other.store.acquire_lease("worker", "someone else")
+        await lease.release()
         if inbox_first:  # the inbox still holds it
             with pytest.raises(MemberBusy):
                 other.inbox("worker")
@@ -86,17 +86,17 @@ async def test_a_lease_is_shared_within_one_store_in_either_order(
 async def test_a_plain_inbox_cannot_take_a_running_teammates_inbox(tmp_path: Path) -> None:
     team = tmp_path / "t"
     async with FileMailboxes(team, members=MEMBERS) as mail, FileMailboxes(team) as other:
-        lease = mail.store.acquire_lease("worker", f"pid {os.getpid()}, incarnation T")
+        lease = await mail.store.acquire_lease("worker", f"pid {os.getpid()}, incarnation T")
         with pytest.raises(MemberBusy, match="incarnation T"):
             other.inbox("worker")
-        lease.release()
+        await lease.release()
 
 
 async def test_memory_leases_are_reentrant_within_the_store() -> None:
     async with MemoryMailboxes(members=MEMBERS) as mail:
-        lease = mail.store.acquire_lease("worker", "team")
+        lease = await mail.store.acquire_lease("worker", "team")
         mail.inbox("worker")  # shares the lease
-        lease.release()
+        await lease.release()
         assert not mail.store.lease_held("worker")
         with pytest.raises(anyio.WouldBlock):
             mail.inbox("worker").receive_nowait()  # takes the lease again
@@ -147,10 +147,10 @@ async def test_an_inbox_that_took_its_lease_back_reloads_what_another_owner_comm
     async with FileMailboxes(team, members=MEMBERS) as mail:
         for i in range(3):
             await mail.send(Envelope.message("lead", "worker", i))
-        lease = mail.store.acquire_lease("worker", "pid 1, incarnation A")
+        lease = await mail.store.acquire_lease("worker", "pid 1, incarnation A")
         inbox = mail.inbox("worker")  # shares incarnation A's lease
         assert inbox.receive_nowait().body == 0  # received, never acked
-        lease.release()
+        await lease.release()
         async with FileMailboxes(team) as other:  # another owner handles everything meanwhile
             theirs = other.inbox("worker")
             await theirs.ack(*[theirs.receive_nowait() for _ in range(3)])

@@ -6,13 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from teamrt.envelopes import Envelope
+from teamrt.mail.filestore.framing import LineDecoder, decode_all, decode_slots, encode_slot
 from teamrt.mail.log import (
     AckTracker,
     Corrupt,
     Cursor,
-    LineDecoder,
     Record,
-    decode_all,
     decode_line,
     encode,
     stamp,
@@ -30,7 +29,7 @@ STREAM = b"".join(_line(i) for i in range(8)) + b"garbage\n" + _line(8) + _line(
 
 
 def _summary(items: list[Record | Corrupt]) -> list[tuple[str, int, int]]:
-    return [(("r" if isinstance(x, Record) else "c"), x.offset, x.end) for x in items]
+    return [(("r" if isinstance(x, Record) else "c"), x.at[1], x.end[1]) for x in items]
 
 
 def test_stamp_puts_seq_and_team_first() -> None:
@@ -50,7 +49,7 @@ def test_whole_stream() -> None:
     corrupt = items[8]
     assert isinstance(corrupt, Corrupt)
     assert corrupt.raw == b"garbage" and corrupt.reason.startswith("json:")
-    assert STREAM[corrupt.offset : corrupt.end] == b"garbage\n"
+    assert STREAM[corrupt.at[1] : corrupt.end[1]] == b"garbage\n"
 
 
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
@@ -73,7 +72,7 @@ def test_random_bytes_never_raise(data: bytes, max_line: int) -> None:
     decoder = LineDecoder(max_line=max_line)
     items = decoder.feed(data) + decoder.feed(b"\n")
     for item in items:
-        assert item.offset < item.end <= len(data) + 1
+        assert item.at[1] < item.end[1] <= len(data) + 1
         if isinstance(item, Corrupt):
             assert len(item.raw) <= max_line and item.reason
 
@@ -81,9 +80,9 @@ def test_random_bytes_never_raise(data: bytes, max_line: int) -> None:
 @given(st.integers(min_value=0, max_value=len(STREAM)), st.binary(max_size=200))
 def test_truncation_plus_garbage_keeps_every_whole_line_before_it(cut: int, junk: bytes) -> None:
     """A log cut anywhere (a crash) then written on: all records fully before the cut survive."""
-    expected = [x for x in decode_all(STREAM)[0] if isinstance(x, Record) and x.end <= cut]
+    expected = [x for x in decode_all(STREAM)[0] if isinstance(x, Record) and x.end[1] <= cut]
     items, _ = decode_all(STREAM[:cut] + b"\n" + junk)
-    got = [x for x in items if isinstance(x, Record) and x.end <= cut]
+    got = [x for x in items if isinstance(x, Record) and x.end[1] <= cut]
     assert [r.envelope.id for r in got] == [r.envelope.id for r in expected]
 
 
@@ -96,7 +95,7 @@ def test_overlong_line_is_reported_once_with_bounded_memory() -> None:
     assert [type(x).__name__ for x in items] == ["Corrupt", "Record"]
     first = items[0]
     assert isinstance(first, Corrupt)
-    assert (first.offset, first.end, len(first.raw)) == (0, 582, 300)
+    assert (first.at, first.end, len(first.raw)) == ((0, 0), (0, 582), 300)
     assert "longer than 300 bytes" in first.reason
 
 
@@ -117,9 +116,9 @@ def test_decode_line_reasons() -> None:
 def test_ack_tracker_commits_only_the_handled_prefix() -> None:
     tracker = AckTracker(Cursor())
     for i, end in enumerate((10, 20, 30, 40)):
-        assert tracker.deliver(f"id{i}", 0, end, i)
+        assert tracker.deliver(f"id{i}", (0, end), i)
     tracker.skipped((0, 50))  # a corrupt line
-    assert tracker.deliver("id5", 0, 60, 5)
+    assert tracker.deliver("id5", (0, 60), 5)
     assert tracker.ack("id1")
     cursor = tracker.cursor()
     assert (cursor.offset, cursor.seq, cursor.ahead) == (0, -1, ((0, 10, 0, 20), (0, 40, 0, 50)))
@@ -131,8 +130,8 @@ def test_ack_tracker_commits_only_the_handled_prefix() -> None:
     cursor = tracker.cursor()
     assert (cursor.offset, cursor.seq, cursor.ahead) == (50, 3, ())
     assert not tracker.ack("id2")  # twice is harmless
-    assert not tracker.deliver("id2", 0, 70, 6)  # handled already: a duplicate
-    assert tracker.deliver("id9", 0, 80, 7)
+    assert not tracker.deliver("id2", (0, 70), 6)  # handled already: a duplicate
+    assert tracker.deliver("id9", (0, 80), 7)
     assert tracker.unacked == 2
 
 
@@ -141,9 +140,9 @@ def test_ack_tracker_resumes_from_cursor() -> None:
     round_trip = Cursor.from_json_dict(cursor.to_json_dict())
     assert round_trip == cursor
     tracker = AckTracker(round_trip)
-    assert tracker.deliver("id2", 0, 30, 2)
-    assert not tracker.deliver("id3", 0, 40, 3)  # acked before the restart
-    assert not tracker.deliver("id0", 0, 50, 4)  # handled recently
+    assert tracker.deliver("id2", (0, 30), 2)
+    assert not tracker.deliver("id3", (0, 40), 3)  # acked before the restart
+    assert not tracker.deliver("id0", (0, 50), 4)  # handled recently
     tracker.ack("id2")
     assert tracker.cursor() == Cursor(0, 50, 4, (), ("id0", "id1", "id3", "id2"))
 
@@ -151,13 +150,13 @@ def test_ack_tracker_resumes_from_cursor() -> None:
 def test_cursor_slots_survive_a_torn_write() -> None:
     old = Cursor(0, 100, 3, (), ("a", "b"))
     new = Cursor(0, 200, 5, ("z",), ("a", "b", "c"))
-    slot_old, slot_new = old.encode_slot(7, 4096), new.encode_slot(8, 4096)
+    slot_old, slot_new = encode_slot(old, 7, 4096), encode_slot(new, 8, 4096)
     assert slot_old is not None and slot_new is not None
     assert len(slot_old) == 4096 and slot_old.endswith(b"\n")
-    assert Cursor.decode_slots(slot_new + slot_old) == (new, 8)  # newest generation wins
+    assert decode_slots(slot_new + slot_old) == (new, 8)  # newest generation wins
     torn = slot_new[:50] + slot_old[50:]  # a crash mid-write mixes old and new bytes
-    assert Cursor.decode_slots(torn + slot_old) == (old, 7)
-    assert Cursor.decode_slots(b"garbage\n" + torn) is None
+    assert decode_slots(torn + slot_old) == (old, 7)
+    assert decode_slots(b"garbage\n" + torn) is None
     too_big = Cursor(0, 0, -1, tuple(f"{i:030d}" for i in range(200)))
-    assert too_big.encode_slot(1, 4096) is None
-    assert too_big.encode_slot(1, 16384) is not None
+    assert encode_slot(too_big, 1, 4096) is None
+    assert encode_slot(too_big, 1, 16384) is not None

@@ -18,7 +18,8 @@ import pytest
 
 from teamrt import Envelope, FileMailboxes
 from teamrt.mail.filestore import InboxPaths
-from teamrt.mail.log import Record, decode_all
+from teamrt.mail.filestore.framing import decode_all
+from teamrt.mail.log import Record
 
 PROCS = str(Path(__file__).with_name("procs.py"))
 MEMBERS = ("lead", "worker")

@@ -172,11 +172,12 @@ async def test_damage_found_by_the_rescan_never_cancels_the_mailboxes(tmp_path: 
 async def test_a_cursor_naming_a_missing_segment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from teamrt.mail.filestore.framing import encode_slot
     from teamrt.mail.log import Cursor
 
     team = tmp_path / "t"
     await _sent_and_handled(team, 2)
-    slot = Cursor(5, 10, 40).encode_slot(9, 4096)
+    slot = encode_slot(Cursor(5, 10, 40), 9, 4096)
     assert slot is not None
     (team / "inboxes" / "worker.cursor.json").write_bytes(slot + slot)
     async with FileMailboxes(team) as mail:

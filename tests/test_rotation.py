@@ -16,7 +16,8 @@ import pytest
 
 from teamrt import Envelope, FileMailboxes, StoreError
 from teamrt.mail.filestore import InboxPaths
-from teamrt.mail.log import Record, decode_all
+from teamrt.mail.filestore.framing import decode_all
+from teamrt.mail.log import Record
 from tests.test_processes import _acked, _finish, _spawn, _wait_ready
 
 MEMBERS = ("lead", "worker")

@@ -63,7 +63,7 @@ async def test_a_liveness_probe_in_another_process_never_makes_a_starting_member
     # not be refused with MemberBusy: nobody runs it.
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "worker"]) as mail:
-        mail.store.acquire_lease("worker", "first run").release()  # it ran once
+        await (await mail.store.acquire_lease("worker", "first run")).release()  # it ran once
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
@@ -77,11 +77,11 @@ async def test_a_liveness_probe_in_another_process_never_makes_a_starting_member
             end = time.monotonic() + 3
             while time.monotonic() < end and not refusals:
                 try:
-                    lease = mail.store.acquire_lease("worker", "restart")
+                    lease = await mail.store.acquire_lease("worker", "restart")
                 except MemberBusy as exc:
                     refusals.append(str(exc))
                 else:
-                    lease.release()
+                    await lease.release()
             assert refusals == []  # observed: many "already running (unknown holder)"
         finally:
             proc.kill()

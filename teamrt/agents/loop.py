@@ -185,10 +185,10 @@ class _CallbackInbound:
 class SharedBudget(Protocol):
     """A budget several agents draw on (see `teamrt.team.TeamBudget`)."""
 
-    def check(self) -> None:
+    async def check(self) -> None:
         """Raise LimitExceeded if the budget is spent."""
 
-    def charge(self, usage: Usage, cost: float | None) -> None: ...
+    async def charge(self, usage: Usage, cost: float | None) -> None: ...
 
 
 @dataclass
@@ -497,7 +497,7 @@ class Agent:
                     model_time=state.model_time,
                 )
                 if self.budget is not None:
-                    self.budget.check()
+                    await self.budget.check()
                     self._check_priced_now()
             except LimitExceeded as exc:
                 self._stop_at_limit(state, exc)
@@ -513,7 +513,7 @@ class Agent:
                 break
             if self.transcript is not None:
                 self.transcript.record(state.steps + 1, state.messages, reply, replaced)
-            self._charge(state, reply.usage, self.model.name)
+            await self._charge(state, reply.usage, self.model.name)
             state.steps += 1
             open_step = OpenStep(reply=reply.as_message(), finish_reason=reply.finish_reason)
             handled = self.inbound.handled() if self.inbound is not None else []
@@ -584,7 +584,7 @@ class Agent:
         state.context_tokens = context_tokens(state.messages)
         state.compactions += 1
         if compacted.usage.requests and self.memory.summariser is not None:
-            self._charge(state, compacted.usage, self.memory.summariser.name)
+            await self._charge(state, compacted.usage, self.memory.summariser.name)
         if self.journal is not None:
             self.journal.replace(state.messages, state.task_index)
         return True
@@ -601,7 +601,7 @@ class Agent:
         else:
             state.cost += cost
 
-    def _charge(self, state: AgentState, usage: Usage, model: str) -> None:
+    async def _charge(self, state: AgentState, usage: Usage, model: str) -> None:
         state.usage = state.usage + usage
         cost = cost_of(usage, model, self.prices)
         if cost is None:
@@ -609,7 +609,8 @@ class Agent:
         else:
             state.cost += cost
         if self.budget is not None:
-            self.budget.charge(usage, cost)
+            with anyio.CancelScope(shield=True):  # spent is spent: the ledger must say so
+                await self.budget.charge(usage, cost)
 
     def _time_left(self) -> tuple[float, Callable[[str], LimitExceeded]]:
         """Seconds until the nearest deadline (the run's, or a shared budget's), and the error

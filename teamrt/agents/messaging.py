@@ -116,7 +116,7 @@ def messaging_tools(
     @tool(waits=True)
     async def wait_for_messages(timeout: float = default_timeout) -> dict[str, Any]:
         """Wait up to `timeout` seconds for messages in your inbox and return them."""
-        inbox = mail.inbox(me)
+        inbox = await mail.open_inbox(me)
         try:
             got = [await inbox.receive(timeout=timeout)]
         except ReceiveTimeout:

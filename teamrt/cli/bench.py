@@ -33,8 +33,8 @@ from teamrt.cli.bench_models import model_figures
 from teamrt.cli.bench_startup import startup_figures
 from teamrt.cli.bench_team import team_figures
 from teamrt.envelopes import Envelope, Message, new_id
+from teamrt.mail import FileMailboxes, Inbox
 from teamrt.mail.log import encode, stamp
-from teamrt.mail.mailboxes import FileMailboxes, Inbox
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ScriptedModel, ToolSpec, call
 from teamrt.replay import timeline
 from teamrt.team import Team, Teammate

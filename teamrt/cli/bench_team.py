@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from teamrt.agents import Agent, AgentEvent, Limits, tool
-from teamrt.mail.mailboxes import FileMailboxes
+from teamrt.mail import FileMailboxes
 from teamrt.models import (
     ChatMessage,
     FunctionModel,

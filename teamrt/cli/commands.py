@@ -15,29 +15,31 @@ from typing import Any
 
 import anyio
 
-from teamrt.cli.send import team_dir
+from teamrt.cli.send import team_at, team_dir
 from teamrt.errors import TeamrtError, UsageError
-from teamrt.mail.mailboxes import FileMailboxes
+from teamrt.mail import open_mailboxes, open_view
 from teamrt.names import validate_name
 
 
 def inspect(args: argparse.Namespace) -> int:
     from teamrt.agents.journal import summarise
-    from teamrt.mail.filestore import lease_holder
     from teamrt.mail.inspect import format_report, inspect_team
 
-    report = inspect_team(team_dir(args.dir))
-    root = Path(args.dir)
-    agents: list[dict[str, Any]] = []
-    for name in report.members:
-        journal = root / "agents" / f"{name}.state.jsonl"
-        agents.append(
-            {
-                "name": name,
-                "running": lease_holder(root, name),
-                "last_run": summarise(journal) if journal.exists() else None,
-            }
-        )
+    with open_view(team_at(args.dir)) as view:
+        report = inspect_team(view)
+        root = view.directory  # agents' journals: in the team directory, for a local team
+        agents: list[dict[str, Any]] = []
+        for name in report.members:
+            journal = root / "agents" / f"{name}.state.jsonl" if root is not None else None
+            agents.append(
+                {
+                    "name": name,
+                    "running": view.holder(name),
+                    "last_run": summarise(journal)
+                    if journal is not None and journal.exists()
+                    else None,
+                }
+            )
     if args.json:
         print(json.dumps({**report.to_json_dict(), "agents": agents}, indent=2))
         return 0
@@ -59,7 +61,7 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def repair(args: argparse.Namespace) -> int:
-    from teamrt.mail.filestore.repair import repair_team
+    from teamrt.mail import repair_team
 
     reports = repair_team(team_dir(args.dir), args.inbox)
     if args.json:
@@ -70,11 +72,21 @@ def repair(args: argparse.Namespace) -> int:
     return 0
 
 
+def export(args: argparse.Namespace) -> int:
+    from teamrt.mail import export_team
+
+    with open_view(team_at(args.source)) as view:
+        counts = export_team(view, Path(args.dest))
+    total = sum(counts.values())
+    print(f"exported {total} envelopes of team {view.team} ({len(counts)} inboxes) to {args.dest}")
+    return 0
+
+
 def replay(args: argparse.Namespace) -> int:
     from teamrt.cli.replay import parse_time, run_replay, split
     from teamrt.replay import Filter
 
-    team_dir(args.dir)
+    args.dir = team_at(args.dir)
     keep = Filter(
         agents=split(args.agent),
         kinds=split(args.kind),
@@ -174,13 +186,13 @@ def bench(args: argparse.Namespace) -> int:
 async def run_agent(args: argparse.Namespace) -> int:
     from teamrt.team import Team, TeamBudget
 
-    team_dir(args.dir)
+    args.dir = team_at(args.dir)
     validate_name(args.name, what="member name (--name)")
     teammate = load_teammate(args.spec)
     if teammate.name != args.name:
         teammate = dataclasses.replace(teammate, name=args.name)
-    async with FileMailboxes(args.dir, create=False) as mail:
-        roster = mail.members
+    async with open_mailboxes(args.dir, create=False) as mail:
+        roster = await mail.members_now()
         if args.name not in roster and not args.join:
             raise UsageError(
                 f"{args.name!r} is not a member of {args.dir} "
@@ -191,8 +203,8 @@ async def run_agent(args: argparse.Namespace) -> int:
             mail,
             [teammate],
             lead=args.lead,
-            agent_dir=Path(args.dir) / "agents",
-            budget=TeamBudget.follow(mail.store),  # the lead's budget, shared on disk
+            agent_dir=_agent_dir(args),
+            budget=await TeamBudget.follow(mail.store),  # the lead's budget, shared
             lead_here=False,
         )
         async with team:
@@ -217,6 +229,16 @@ async def run_agent(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.name}: stopped", flush=True)
     return 0
+
+
+def _agent_dir(args: argparse.Namespace) -> Path:
+    """Where a member run here keeps its journal: `--agent-dir`, else the team directory's
+    agents/ (for a team in a network store: ./agents of the working directory)."""
+    if getattr(args, "agent_dir", None):
+        return Path(args.agent_dir)
+    with open_view(args.dir) as view:
+        root = view.directory
+    return (root if root is not None else Path.cwd()) / "agents"
 
 
 async def demo(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 
 from teamrt.envelopes import Envelope, Request
-from teamrt.mail.mailboxes import FileMailboxes
+from teamrt.mail import FileMailboxes, open_view
 
 TEAM = "exchange"
 NOTES = [
@@ -83,9 +83,11 @@ async def lead(root: Path) -> int:
                 proc.kill()
                 proc.wait()
         print(f"worker exited with code {code}")
-    print(f"\nInbox files: {team_dir / 'inboxes'}")
-    for path in sorted((team_dir / "inboxes").iterdir()):
-        print(f"  {path.name:28} {path.stat().st_size:6} bytes")
+    print(f"\nThe inboxes in {team_dir} (one JSON Lines file each):")
+    with open_view(team_dir) as view:
+        for name in view.members():
+            sizes, depth = view.sizes(name), sum(1 for _ in view.scan(name))
+            print(f"  {name:8} {depth:3} envelopes  {sizes.get('bytes', 0):6} bytes")
     print(f"\nSee them at a glance:  teamrt inspect {team_dir}")
     return code
 

@@ -25,6 +25,12 @@ member under inboxes/. See mailboxes/README.md for the on-disk format."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+TEAM_HELP = (
+    "team directory (e.g. mailboxes/demo) or store URL (redis://HOST:PORT/DB?team=NAME); "
+    "default: $TEAMRT_STORE"
+)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -71,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the response and prints it as JSON. The sender must be a member of the team, or "
         "a person outside it (--as-human).",
     )
-    send.add_argument("dir", help="team directory, e.g. mailboxes/demo")
+    send.add_argument("dir", nargs="?", help=TEAM_HELP)
     send.add_argument("--from", dest="sender", required=True, help="sender name (a member)")
     send.add_argument(
         "--as-human",
@@ -98,11 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     send.set_defaults(run=send_command)
     inspect = commands.add_parser(
         "inspect",
-        help="summarise a team directory",
+        help="summarise a team",
         description="Per inbox: depth, last seq, cursor lag, corrupt and quarantined lines, "
-        "unanswered requests, segments and bytes. Reads files only; takes no lock.",
+        "unanswered requests, segments and bytes, and who runs each member. Reads only; "
+        "takes no lock or lease.",
     )
-    inspect.add_argument("dir", help="team directory")
+    inspect.add_argument("dir", nargs="?", help=TEAM_HELP)
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
     inspect.set_defaults(run=cmd.inspect)
 
@@ -120,15 +127,26 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("--json", action="store_true", help="print one JSON list")
     repair.set_defaults(run=cmd.repair)
 
+    export = commands.add_parser(
+        "export",
+        help="write a team (e.g. one in Redis) as an ordinary team directory",
+        description="Copy every inbox, its owner's committed cursor and its quarantine into a "
+        "new team directory, so that every file tool (inspect, replay, rerun, plain grep) "
+        "works on a snapshot. Reads only; the team may be running.",
+    )
+    export.add_argument("source", help=TEAM_HELP)
+    export.add_argument("dest", help="the new team directory (must not exist)")
+    export.set_defaults(run=cmd.export)
+
     replay = commands.add_parser(
         "replay",
-        help="read a team directory back as one timeline",
+        help="read a team back as one timeline",
         description="Merge every inbox (every segment) into one timeline by send time; join "
         "each request to its response with the latency; flag unanswered, timed-out and late "
         "requests, second answers, duplicates and undecodable lines. Streams: memory does not "
-        "grow with the number of envelopes. Reads files only; takes no lock.",
+        "grow with the number of envelopes. Reads only; takes no lock or lease.",
     )
-    replay.add_argument("dir", help="team directory")
+    replay.add_argument("dir", nargs="?", help=TEAM_HELP)
     replay.add_argument(
         "--format",
         default="text",
@@ -207,7 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
         "adds it). The teammate draws on the budget the team's lead published, enforces the "
         "deadline of the shutdown request it gets, and exits with 1 if it crashed for good.",
     )
-    run_agent.add_argument("dir", help="team directory")
+    run_agent.add_argument("dir", nargs="?", help=TEAM_HELP)
+    run_agent.add_argument(
+        "--agent-dir",
+        help="where the member's journal and transcript go (default: the team directory's "
+        "agents/, or ./agents for a team in a store URL)",
+    )
     run_agent.add_argument("--name", required=True, help="the member name to run as")
     run_agent.add_argument("--spec", required=True, help="module:object, e.g. mypkg.team:writer")
     run_agent.add_argument("--lead", default="lead", help="who gets idle and crash notices")

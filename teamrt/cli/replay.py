@@ -11,13 +11,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, TextIO
 
 from teamrt.cli.replay_page import Html
 from teamrt.errors import UsageError
-from teamrt.mail.filestore import InboxPaths
-from teamrt.mail.log import LineSplitter
+from teamrt.mail import TeamView, open_view
 from teamrt.replay import (
     AGENT_KINDS,
     Event,
@@ -25,7 +23,6 @@ from teamrt.replay import (
     Joiner,
     Summary,
     finish,
-    members,
     timeline,
 )
 from teamrt.replay.timeline import _event
@@ -233,27 +230,26 @@ def run_replay(
 ) -> int:
     stream = out or sys.stdout
     use_colour = colour == "always" or (colour == "auto" and stream.isatty())
+    view = open_view(team_dir)
     formatter: Formatter
     if fmt == "json":
         formatter = JsonLines(stream)
     elif fmt == "mermaid":
         formatter = Mermaid(stream)
     elif fmt == "html":
-        formatter = Html(stream, Path(team_dir).name, members(Path(team_dir)))
+        formatter = Html(stream, view.team, list(view.members()))
     else:
         formatter = Text(stream, use_colour)
     summary = Summary()
     joiner = Joiner()  # requests stay open in it through --follow: answers may still come
     positions: dict[str, tuple[int, int]] = {}
     events = timeline(
-        team_dir, summary=summary, positions=positions, keep=keep, joiner=joiner, agent_files=True
+        view, summary=summary, positions=positions, keep=keep, joiner=joiner, agent_files=True
     )
     for event in events:
         formatter.event(event)
     if follow and fmt in ("text", "json"):
-        _follow(
-            Path(team_dir), positions, formatter, keep, stream, poll, follow_for, joiner, summary
-        )
+        _follow(view, positions, formatter, keep, stream, poll, follow_for, joiner, summary)
     finish(joiner, summary, keep)
     formatter.end(summary)
     stream.flush()
@@ -261,7 +257,7 @@ def run_replay(
 
 
 def _follow(
-    root: Path,
+    view: TeamView,
     positions: dict[str, tuple[int, int]],
     formatter: Formatter,
     keep: Filter,
@@ -272,29 +268,16 @@ def _follow(
     summary: Summary,
 ) -> None:
     """Print envelopes appended after the first pass (from where it stopped in each inbox),
-    as they arrive, until interrupted, joined and counted like the first pass's. Follows the
-    active segment of each inbox."""
-    readers: dict[str, tuple[Path, LineSplitter, int]] = {}
-    for name in members(root):
-        paths = InboxPaths(root / "inboxes", name)
-        index, offset = positions.get(name, (0, 0))
-        readers[name] = (paths.segments()[-1], LineSplitter(offset), index)
+    as they arrive, until interrupted, joined and counted like the first pass's. Members added
+    meanwhile are followed from the start of their inboxes."""
     stop = None if follow_for is None else time.monotonic() + follow_for
     try:
         while stop is None or time.monotonic() < stop:
             batch: list[Event] = []
-            for name in members(root):
-                if name not in readers:
-                    readers[name] = (InboxPaths(root / "inboxes", name).log, LineSplitter(), 0)
-                path, splitter, index = readers[name]
-                try:
-                    with path.open("rb") as f:
-                        f.seek(splitter.offset)
-                        data = f.read()
-                except FileNotFoundError:
-                    continue
-                for offset, _end, raw, _long in splitter.feed(data):
-                    batch.append(_event(name, index, offset, raw))
+            for name in view.members():
+                for entry in view.scan(name, after=positions.get(name)):
+                    positions[name] = entry.end
+                    batch.append(_event(name, entry.at[0], entry.at[1], entry.raw))
             for event in sorted(batch, key=lambda e: e.ts):
                 joiner.feed(event)
                 if keep(event):

@@ -14,7 +14,8 @@ from pydantic import ValidationError
 
 from teamrt.envelopes import Envelope, Request, Response
 from teamrt.errors import InvalidEnvelope, UsageError
-from teamrt.mail.mailboxes import FileMailboxes
+from teamrt.mail import open_mailboxes
+from teamrt.mail.locator import from_env, is_url
 from teamrt.names import validate_name
 
 
@@ -27,6 +28,13 @@ def team_dir(path: str) -> str:
             f"{path} is a file, not a team directory (one holds team.json and inboxes/)"
         )
     return path
+
+
+def team_at(value: str | None) -> str:
+    """A team argument: a store URL as given, a directory checked like `team_dir`, or
+    `TEAMRT_STORE` when none was given."""
+    locator = str(from_env(value))
+    return locator if is_url(locator) else team_dir(locator)
 
 
 MAX_DEPTH = 200  # the envelope encoder gives up at about 255 levels of nesting
@@ -69,7 +77,7 @@ def _too_deep() -> UsageError:
 
 
 def _check_send(args: argparse.Namespace) -> None:
-    team_dir(args.dir)
+    args.dir = team_at(args.dir)
     validate_name(args.sender, what="sender (--from)")
     if args.kind == "broadcast":
         if args.to is not None:
@@ -111,8 +119,8 @@ def _envelope(args: argparse.Namespace, body: Any) -> Envelope:
 async def send(args: argparse.Namespace) -> int:
     _check_send(args)
     body = _body(args)
-    async with FileMailboxes(args.dir, create=False, durability=args.durability) as mail:
-        members = mail.members
+    async with open_mailboxes(args.dir, create=False, durability=args.durability) as mail:
+        members = await mail.members_now()
         if args.sender not in members:
             if not args.as_human:
                 raise UsageError(

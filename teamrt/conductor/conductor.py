@@ -153,7 +153,7 @@ class Conductor:
         """Run to an outcome: accepted, or the brake that stopped it."""
         await self.team.mail.add_member(self.human)
         await self.team.mail.add_member(self.name)
-        self.team.mail.inbox(self.name)  # its lease: a second conductor of this name fails here
+        await self.team.mail.open_inbox(self.name)  # its lease: a second conductor fails here
         failed: Exception | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.escalations.serve)
@@ -476,7 +476,7 @@ class Conductor:
         try:
             self.budget.check(cost=state.cost, tokens=state.tokens, worker_steps=state.worker_steps)
             if self.team.budget is not None:
-                self.team.budget.check()
+                await self.team.budget.check()
         except LimitExceeded as exc:
             await self._brake("budget", str(exc))
             return False

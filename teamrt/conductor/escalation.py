@@ -26,7 +26,7 @@ import anyio
 from teamrt.conductor.checks import Evidence
 from teamrt.envelopes import Envelope, ErrorBody, Request, Response
 from teamrt.errors import TeamrtError
-from teamrt.mail.mailboxes import FileMailboxes, Mailboxes
+from teamrt.mail import FileMailboxes, Mailboxes
 
 ANSWERS = ("retry", "done", "abort")
 INVALID_ANSWER = "InvalidAnswer"  # the error type of a refusal
@@ -122,7 +122,7 @@ class Escalations:
 
     async def serve(self) -> None:
         """Read the conductor's inbox until cancelled, closing escalations with their answers."""
-        inbox = self.mail.inbox(self.me)
+        inbox = await self.mail.open_inbox(self.me)
         while True:
             envelope = await inbox.receive()
             try:

@@ -240,7 +240,7 @@ async def run(
     document = scratch_dir() / DOCUMENT
     if document.exists():
         print(f"\nThe writer wrote {document} ({len(document.read_text().split())} words).")
-    print(f"Inbox files: {team_dir / 'inboxes'}; transcripts: {team_dir / 'agents'}")
+    print(f"Inbox files: {team_dir}/inboxes/; transcripts: {team_dir / 'agents'}")
     command = _command()
     print(f"Look at the team:  {command} inspect {team_dir}")
     print(f"Replay the run:    {command} replay {team_dir}   (--format html -o run.html: a page)")

@@ -1,18 +1,30 @@
-"""Mailboxes: the sans-IO log codec, the file store, the memory twin, and the async API."""
+"""Mailboxes: the record format, the store seam, the file and memory stores, the async API."""
 
-from teamrt.mail.filestore import FileStore
-from teamrt.mail.mailboxes import FileMailboxes, Inbox, InboxStatistics, Mailboxes, MemoryMailboxes
-from teamrt.mail.memory import MemoryStore
-from teamrt.mail.store import InboxReader, Store
+from teamrt.mail.filestore import FileMailboxes, FileStore, FileView
+from teamrt.mail.filestore.export import export_team
+from teamrt.mail.filestore.repair import repair_team
+from teamrt.mail.locator import open_mailboxes, open_store, open_view
+from teamrt.mail.mailboxes import Inbox, InboxStatistics, Mailboxes
+from teamrt.mail.memory import MemoryMailboxes, MemoryStore
+from teamrt.mail.store import Capabilities, InboxReader, Lease, Store, TeamView
 
 __all__ = [
+    "Capabilities",
     "FileMailboxes",
     "FileStore",
+    "FileView",
     "Inbox",
     "InboxReader",
     "InboxStatistics",
+    "Lease",
     "Mailboxes",
     "MemoryMailboxes",
     "MemoryStore",
     "Store",
+    "TeamView",
+    "export_team",
+    "open_mailboxes",
+    "open_store",
+    "open_view",
+    "repair_team",
 ]

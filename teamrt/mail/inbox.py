@@ -2,11 +2,13 @@
 
 Theory of operation. An `Inbox` belongs to one owner, the process that holds its member's lease
 (taken when the inbox opens, or shared with a Team of the same mailboxes that already holds it,
-and taken back if that Team lets it go). It reads new lines from its cursor one at a time as
-they are handed out; quarantines what does not decode, what names another team or recipient, and
-(in a signed team) what is not signed with the team key; drops ids it has handled; routes a
-response to the `request()` awaiting it only if it comes from the member that was asked; queues
-everything else for `receive`; and turns acks into committed cursors (group commit).
+and taken back if that Team lets it go). It decodes the records its store's reader hands out one
+at a time as they are received; quarantines what does not decode, what names another team or
+recipient, and (in a signed team) what is not signed with the team key; drops ids it has handled;
+routes a response to the `request()` awaiting it only if it comes from the member that was asked;
+queues everything else for `receive`; and turns acks into committed cursors (group commit), each
+commit first recording the records it quarantined. A lease the store reports lost (a network
+store whose lease expired) closes the inbox to this process: `LeaseLost`.
 
 Store-agnostic: no file or lock is touched in this module.
 """
@@ -25,10 +27,10 @@ import anyio
 from anyio import WouldBlock
 
 from teamrt.envelopes import Envelope, Response
-from teamrt.errors import MailboxClosed, ReceiveTimeout, UsageError
+from teamrt.errors import LeaseLost, MailboxClosed, ReceiveTimeout, UsageError
 from teamrt.mail.group import GroupCommit
-from teamrt.mail.log import AckTracker, Corrupt, Frame, decode_line
-from teamrt.mail.store import Lease
+from teamrt.mail.log import AckTracker, Corrupt, Cursor, Entry, decode_line
+from teamrt.mail.store import InboxReader, Lease, run_local
 
 if TYPE_CHECKING:
     from teamrt.mail.mailboxes import Mailboxes
@@ -87,32 +89,20 @@ class Inbox:
     """
 
     def __init__(self, mailboxes: Mailboxes, name: str) -> None:
+        """Not open yet: `Mailboxes.inbox()` / `open_inbox()` open it."""
         self.name = name
         self._mailboxes = mailboxes
         self._store = store = mailboxes.store
         # one consumer per inbox: this process's lease on the member, shared with a Team of
         # this process that already holds it (then re-taken if that Team lets it go)
         self._lease: Lease | None = None
-        if not store.lease_held(name):
-            self._lease = store.acquire_lease(name, self._holder())
-        try:
-            self._reader = store.reader(name)
-            try:
-                cursor = self._reader.load_cursor()
-                self._reader.seek(cursor)
-            except BaseException:
-                self._reader.close()
-                raise
-        except BaseException:
-            if self._lease is not None:
-                self._lease.release()
-            raise
-        self._tracker = AckTracker(cursor)
+        self._reader: InboxReader | None = None
+        self._tracker = AckTracker()
         self._team = store.team
         self._signer = mailboxes._signer
         self._ready: deque[Envelope] = deque()  # decoded by _pump(), not yet received
-        self._frames: deque[Frame] = deque()  # read, not yet decoded
-        self._segment = cursor.segment  # the segment the frames come from
+        self._entries: deque[Entry] = deque()  # read, not yet decoded
+        self._to_quarantine: list[Corrupt] = []  # recorded before the next cursor commit
         self._max_line = store.max_line
         self._event: anyio.Event | None = None
         self._pending: dict[str, _Reply] = {}
@@ -122,6 +112,25 @@ class Inbox:
         self._rejected = 0
         self._closed = False
         self._commits = GroupCommit(self._commit)
+
+    async def _open(self) -> None:
+        store, name = self._store, self.name
+        if not store.lease_held(name):
+            self._lease = await store.acquire_lease(name, self._holder())
+        try:
+            reader = store.reader(name)
+            try:
+                cursor = await reader.start()
+            except BaseException:
+                reader.close()
+                raise
+        except BaseException:
+            if self._lease is not None:
+                await self._lease.release()
+                self._lease = None
+            raise
+        self._reader = reader
+        self._tracker = AckTracker(cursor)
         store.watch_inbox(name)
 
     # -- receiving --
@@ -129,24 +138,54 @@ class Inbox:
     def _holder(self) -> str:
         return f"pid {os.getpid()}, inbox of {self.name}"
 
-    def _check_lease(self) -> None:
+    @property
+    def _reading(self) -> InboxReader:
+        reader = self._reader
+        if reader is None:
+            raise MailboxClosed(f"{self.name}'s inbox is closed")
+        return reader
+
+    def _lease_ok(self) -> bool:
+        """True if this inbox may read: it holds the lease, or shares its store's."""
+        if self._lease is not None:
+            if self._lease.lost.is_set():
+                raise LeaseLost(
+                    f"{self.name}'s lease expired and another holder took it over; this "
+                    "process no longer owns the inbox"
+                )
+            return True
+        return self._store.lease_held(self.name)
+
+    async def _check_lease(self) -> None:
         """Re-take the member's lease if the holder this inbox shared it with let it go (a
         Team between two incarnations); reload from the committed cursor if another consumer
         committed meanwhile."""
-        self._lease = self._store.acquire_lease(self.name, self._holder())
+        self._lease = await self._store.acquire_lease(self.name, self._holder())
         log.info("%s's inbox took its lease back from a holder that let it go", self.name)
-        if self._reader.changed_elsewhere():
-            cursor = self._reader.load_cursor()
-            self._reader.seek(cursor)
-            self._tracker = AckTracker(cursor)
-            self._segment = cursor.segment
-            self._ready.clear()
-            self._frames.clear()
+        if await self._reading.changed_elsewhere():
+            self._restart(await self._reading.start())
+
+    def _retake_lease(self) -> None:
+        """`_check_lease` from synchronous code: local stores only (a network store's inbox
+        takes it back in `receive`)."""
+        if self._store.capabilities.opens_locally:
+            run_local(self._check_lease(), f"taking {self.name}'s lease back")
+        else:
+            raise MailboxClosed(
+                f"{self.name}'s inbox lost its lease holder in this process: "
+                "use `await inbox.receive()`, which takes it back"
+            )
+
+    def _restart(self, cursor: Cursor) -> None:
+        self._tracker = AckTracker(cursor)
+        self._ready.clear()
+        self._entries.clear()
+        self._to_quarantine.clear()
 
     def receive_nowait(self) -> Envelope:
         """The next envelope, or raise `anyio.WouldBlock` if none is there yet."""
-        if self._lease is None and not self._store.lease_held(self.name):
-            self._check_lease()
+        if not self._lease_ok():
+            self._retake_lease()
         if self._ready:
             return self._ready.popleft()
         if self._closed:
@@ -160,6 +199,8 @@ class Inbox:
         """Wait for the next envelope; raise `ReceiveTimeout` after `timeout` seconds."""
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         while True:
+            if not self._closed and not self._lease_ok():
+                await self._check_lease()
             try:
                 return self.receive_nowait()
             except WouldBlock:
@@ -226,7 +267,7 @@ class Inbox:
     def statistics(self) -> InboxStatistics:
         return InboxStatistics(
             self.name,
-            len(self._ready) + len(self._frames),
+            len(self._ready) + len(self._entries),
             self._tracker.unacked,
             len(self._pending),
             self._quarantined,
@@ -239,11 +280,11 @@ class Inbox:
     # -- internals shared with Mailboxes --
 
     async def _commit(self) -> None:
-        cursor = self._tracker.cursor()
-        if self._mailboxes.store.blocking_commits:
-            await anyio.to_thread.run_sync(self._reader.commit, cursor)
-        else:
-            self._reader.commit(cursor)
+        reader = self._reading
+        while self._to_quarantine:  # recorded before the cursor that passes them
+            await reader.quarantine(self._to_quarantine[0])
+            del self._to_quarantine[0]
+        await reader.commit(self._tracker.cursor())
 
     def _signal(self) -> None:
         event = self._event
@@ -252,14 +293,24 @@ class Inbox:
             event.set()
 
     def _has_new(self) -> bool:
-        return self._event is not None and self._reader.has_new()
+        reader = self._reader
+        return self._event is not None and reader is not None and reader.has_new()
+
+    async def _fetch(self) -> bool:
+        """Ask the store for records it has not pushed yet; True if some came."""
+        reader = self._reader
+        if reader is None or self._closed:
+            return False
+        entries = await reader.fetch()
+        self._entries.extend(entries)
+        return bool(entries)
 
     async def _wait(self, deadline: float) -> bool:
         """Wait for a wake-up; False once `deadline` (monotonic) has passed."""
         event = self._event
         if event is None:
             event = self._event = anyio.Event()
-        if self._frames or self._reader.has_new():  # came before the event existed
+        if self._entries or self._reading.has_new():  # came before the event existed
             return True
         if deadline == math.inf:
             await event.wait()
@@ -273,35 +324,34 @@ class Inbox:
         return False
 
     def _next(self) -> Envelope | None:
-        """Decode lines until one is for `receive`; None when nothing more is there.
+        """Decode records until one is for `receive`; None when nothing more is there.
 
-        Lines are decoded one at a time, as they are handed out, so a large backlog never turns
-        into a large batch of live envelopes (which the garbage collector would keep scanning).
-        This is the receive hot path: it avoids intermediate objects for good lines.
+        Records are decoded one at a time, as they are handed out, so a large backlog never
+        turns into a large batch of live envelopes (which the garbage collector would keep
+        scanning). This is the receive hot path: it avoids intermediate objects for good ones.
         """
-        frames, tracker = self._frames, self._tracker
+        entries, tracker = self._entries, self._tracker
         while True:
-            if not frames:
-                segment, new = self._reader.read()
+            if not entries:
+                new = self._reading.read_nowait()
                 if not new:
                     return None
-                self._segment = segment
-                frames.extend(new)
-            frame = frames.popleft()
-            _, end, raw, too_long = frame
-            decoded = decode_line(raw) if not too_long else None
+                entries.extend(new)
+            entry = entries.popleft()
+            raw = entry.raw
+            decoded = decode_line(raw) if not entry.too_long else None
             if not isinstance(decoded, Envelope):
                 reason = decoded or f"line longer than {self._max_line} bytes"
-                self._quarantine(Corrupt(frame[0], end, reason, raw))
+                self._quarantine(Corrupt(entry.at, entry.end, reason, raw))
                 continue
             if (
                 decoded.team != self._team
                 or (decoded.recipient != self.name and decoded.recipient != "*")
                 or (self._signer is not None and not self._signer.verify(raw, self._team))
             ):
-                self._quarantine(Corrupt(frame[0], end, self._misfiled(decoded), raw))
+                self._quarantine(Corrupt(entry.at, entry.end, self._misfiled(decoded), raw))
                 continue
-            if not tracker.deliver(decoded.id, self._segment, end, decoded.seq):
+            if not tracker.deliver(decoded.id, entry.end, decoded.seq):
                 self._duplicates += 1
                 continue
             if not isinstance(decoded, Response) or self._route(decoded):
@@ -315,11 +365,13 @@ class Inbox:
         return "bad signature"
 
     def _quarantine(self, item: Corrupt) -> None:
-        log.warning("%s's inbox: a line at offset %d quarantined: %s", self.name, item.offset,
+        log.warning("%s's inbox: the record at %s quarantined: %s", self.name, item.at,
                     item.reason)  # fmt: skip
-        self._reader.quarantine(self._segment, item)
-        self._tracker.skipped((self._segment, item.end))
+        self._to_quarantine.append(item)
+        self._tracker.skipped(item.end)
         self._quarantined += 1
+        self._commits.ticket()  # recorded, and passed by the cursor, soon
+        self._mailboxes._commit_soon(self)
 
     def _route(self, response: Response) -> bool:
         """Hand a response to the request awaiting it; True if it is for `receive` instead."""
@@ -352,8 +404,8 @@ class Inbox:
     def _pump(self) -> None:
         """Read everything there is, so that responses reach their requests; envelopes for
         `receive` wait in order in the ready queue."""
-        if self._lease is None and not self._store.lease_held(self.name):
-            self._check_lease()
+        if not self._lease_ok():
+            self._retake_lease()
         queued = False
         while (envelope := self._next()) is not None:
             self._ready.append(envelope)
@@ -361,11 +413,12 @@ class Inbox:
         if queued:
             self._signal()  # a receiver waiting on this inbox has something now
 
-    def _close(self) -> None:
+    async def _close(self) -> None:
         self._closed = True
         self._pending.clear()
-        self._reader.close()
+        if self._reader is not None:
+            self._reader.close()
         if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+            lease, self._lease = self._lease, None
+            await lease.release()
         self._signal()

@@ -1,20 +1,19 @@
-"""A team directory at a glance, read straight from the files (no lock taken, nothing written).
+"""A team at a glance, read through its store's read-only view (no lease taken, nothing written).
 
-Used by `teamrt inspect`. It streams every segment of every inbox once, so memory stays bounded by
-the number of open requests, not by the size of the logs.
+Used by `teamrt inspect`, for a team directory or a store URL. It streams every record of every
+inbox once, so memory stays bounded by the number of open requests, not by the size of the logs.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from teamrt.errors import StoreError
-from teamrt.mail.filestore import InboxPaths, read_cursor
-from teamrt.mail.log import Corrupt, Record, decode_frame
+from teamrt.mail.locator import open_view
+from teamrt.mail.log import Corrupt, decode_entry
+from teamrt.mail.store import TeamView
 
 
 @dataclass
@@ -42,52 +41,40 @@ class TeamReport:
         return asdict(self)
 
 
-def _records(paths: InboxPaths) -> Iterator[tuple[int, Record | Corrupt]]:
-    for index, frame in paths.frames():
-        yield index, decode_frame(frame)
-
-
-def inspect_team(path: str | Path) -> TeamReport:
-    """Read a team directory and summarise every inbox."""
+def inspect_team(team: TeamView | str | os.PathLike[str]) -> TeamReport:
+    """Summarise every inbox of a team (a view, a team directory or a store URL)."""
+    view = team if isinstance(team, TeamView) else open_view(team)
     try:
-        return _inspect_team(path)
+        return _inspect_team(view)
     except OSError as exc:
         if isinstance(exc, StoreError):
             raise
-        raise StoreError(exc.errno or 0, f"inspect {path}: {exc.strerror or exc}") from None
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise StoreError(0, f"inspect {path}: unreadable team.json: {exc}") from None
+        raise StoreError(exc.errno or 0, f"inspect {view.locator}: {exc.strerror or exc}") from None
 
 
-def _inspect_team(path: str | Path) -> TeamReport:
-    root = Path(path)
-    try:
-        roster = json.loads((root / "team.json").read_text())
-    except FileNotFoundError:
-        raise StoreError(2, f"no team at {root} (team.json is missing)") from None
-    members = list(roster.get("members", []))
-    inbox_dir = root / "inboxes"
+def _inspect_team(view: TeamView) -> TeamReport:
+    members = list(view.members())
     reports = []
     requests: dict[str, tuple[str, str]] = {}  # request id -> (recipient, id)
     answered: set[str] = set()
     for name in members:
-        paths = InboxPaths(inbox_dir, name)
-        cursor = read_cursor(paths.cursor)[0]
+        cursor = view.committed(name)
         acked = set(cursor.acked)
         ahead = cursor.ahead
-        report = InboxReport(name, segments=len(paths.segments()))
-        report.bytes = sum(p.stat().st_size for p in paths.segments() if p.exists())
-        for segment, item in _records(paths):
+        committed = cursor.position
+        sizes = view.sizes(name)
+        report = InboxReport(name, segments=sizes.get("segments", 1), bytes=sizes.get("bytes", 0))
+        for entry in view.scan(name):
+            item = decode_entry(entry)
             if isinstance(item, Corrupt):
                 report.corrupt_lines += 1
                 continue
-            assert isinstance(item, Record)
             envelope = item.envelope
             report.depth += 1
             report.last_seq = max(report.last_seq, envelope.seq or 0)
-            position = (segment, item.end)
+            position = item.end
             if (
-                position > (cursor.segment, cursor.offset)
+                position > committed
                 and envelope.id not in acked
                 and not any(r[:2] < position <= r[2:] for r in ahead)
             ):
@@ -96,17 +83,13 @@ def _inspect_team(path: str | Path) -> TeamReport:
                 requests[envelope.id] = (name, envelope.id)
             elif envelope.kind == "response" and envelope.in_reply_to:
                 answered.add(envelope.in_reply_to)
-        if paths.quarantine.exists():
-            with paths.quarantine.open("rb") as f:
-                report.quarantined = sum(1 for _ in f)
+        report.quarantined = sum(1 for _ in view.quarantined(name))
         reports.append(report)
     by_name = {r.name: r for r in reports}
     for request_id, (recipient, _) in requests.items():
         if request_id not in answered:
             by_name[recipient].pending_requests.append(request_id)
-    return TeamReport(
-        roster.get("team", root.name), str(root), members, roster.get("created_at"), reports
-    )
+    return TeamReport(view.team, view.locator, members, view.created_at(), reports)
 
 
 def format_report(report: TeamReport) -> str:

@@ -1,22 +1,26 @@
 """Mailboxes: sending, receiving, acks, request/response and broadcast over any store.
 
 Theory of operation. `send` encodes an envelope once (refusing NaN and Infinity, signing it when
-the team has a key) and has the store append it; a broadcast is appended to every other member's
-inbox and reports exactly who got it if some appends fail. A receiver in the same process is woken
-directly, one in another process by the store's watcher (inotify), and a slow shared rescan covers
-lost notifications. Each `Inbox` (inbox.py) belongs to one owner, holding its member's lease; it
-routes responses to the `request` calls awaiting them. `request(consume=False)` watches the
+the team has a key) and has the store append it, retrying an append whose outcome a network store
+could not tell with the same envelope (the receiver drops a second copy by id); a broadcast is
+appended to every other member's inbox, in one step where the store can, and otherwise reports
+exactly who got it if some appends fail. A receiver in the same process is woken directly, one in
+another process by the store's watcher (inotify, or a blocking read of a network store), and a slow
+shared rescan covers lost notifications. A background task renews this process's leases. Each
+`Inbox` (inbox.py) belongs to one owner, holding its member's lease; it routes responses to the
+`request` calls awaiting them. `request(consume=False)` watches the
 sender's inbox from its end instead, for tools beside a live owner.
 
-Everything here is store-agnostic: no file or lock is touched in this module.
+Everything here is store-agnostic: no file or lock is touched in this module, and no concrete
+store is named (`teamrt.mail.open_mailboxes` turns a directory or a store URL into a store).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
-import os
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
@@ -40,29 +44,29 @@ from teamrt.envelopes import (
 from teamrt.errors import (
     EnvelopeTooLarge,
     MailboxClosed,
+    OutcomeUnknown,
     PartialBroadcast,
     RemoteError,
     RequestTimeout,
     StoreError,
+    StoreUnavailable,
     TeammateGone,
     UsageError,
 )
-from teamrt.mail.filestore import FileStore
 from teamrt.mail.inbox import Inbox, InboxStatistics, _Reply
 from teamrt.mail.log import decode_line, encode
-from teamrt.mail.memory import MemoryStore
 from teamrt.mail.signing import Signer, team_key
-from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, HEARTBEAT_INTERVAL, Durability, Store
+from teamrt.mail.store import HEARTBEAT_INTERVAL, Store, run_local
 
 __all__ = [
     "DEFAULT_COMMIT_DELAY",
     "DEFAULT_RESCAN_INTERVAL",
-    "FileMailboxes",
     "Inbox",
     "InboxStatistics",
     "Mailboxes",
-    "MemoryMailboxes",
 ]
+
+log = logging.getLogger("teamrt.mail")
 
 DEFAULT_RESCAN_INTERVAL = 1.0
 #: A request to a member that ran and is not running fails after this many seconds (the
@@ -72,6 +76,9 @@ _LIVENESS_EVERY = 0.5
 #: How long background cursor commits (ack_nowait, routed responses) wait to batch acks.
 DEFAULT_COMMIT_DELAY = 0.01
 _POLL_INTERVAL = 0.05  # where the platform has no file notifications
+#: How long `send` keeps retrying an append that a network store could not complete (not
+#: reached, or no answer) before it raises; backoff from 50 ms up to 1 s between tries.
+DEFAULT_SEND_RETRY = 10.0
 
 
 def _batch_key(envelope: Envelope) -> str:
@@ -81,7 +88,9 @@ def _batch_key(envelope: Envelope) -> str:
 class Mailboxes:
     """Every inbox of one team, over a store. Use as an async context manager.
 
-    `FileMailboxes` and `MemoryMailboxes` are the usual ways to make one.
+    `open_mailboxes(locator)` (a directory or a store URL), `FileMailboxes` and
+    `MemoryMailboxes` are the usual ways to make one. `send_retry`: how long a send keeps
+    retrying an append that a network store could not complete before it raises.
     """
 
     def __init__(
@@ -92,8 +101,10 @@ class Mailboxes:
         rescan_interval: float = DEFAULT_RESCAN_INTERVAL,
         commit_delay: float = DEFAULT_COMMIT_DELAY,
         key: str | bytes | None = None,
+        send_retry: float = DEFAULT_SEND_RETRY,
     ) -> None:
         self.store = store
+        self._send_retry = send_retry
         secret = team_key(key)
         self._signer = None if secret is None else Signer(secret)
         self._initial_members = tuple(members)
@@ -111,7 +122,12 @@ class Mailboxes:
 
     @property
     def members(self) -> tuple[str, ...]:
-        return self.store.members(refresh=True)
+        """The roster as this process last saw it (`members_now()` asks the store)."""
+        return self.store.members()
+
+    async def members_now(self) -> tuple[str, ...]:
+        """The roster now (another process may have added members)."""
+        return await self.store.members_now()
 
     async def __aenter__(self) -> Self:
         await self.store.open(self._initial_members)
@@ -139,20 +155,24 @@ class Mailboxes:
         self._open = False
         try:
             with anyio.CancelScope(shield=True):
-                for inbox in self._inboxes.values():
-                    await inbox.flush()  # acks made with ack_nowait() are not lost on close
+                try:
+                    for inbox in self._inboxes.values():
+                        await inbox.flush()  # acks made with ack_nowait() are not lost on close
+                finally:
+                    for inbox in self._inboxes.values():
+                        await inbox._close()
+                    self._inboxes.clear()
         finally:
-            for inbox in self._inboxes.values():
-                inbox._close()
-            self._inboxes.clear()
-        try:
-            if self._task_group is not None:
-                self._task_group.cancel_scope.cancel()
-                # only our background tasks run in it: the body's exception propagates as is
-                await self._task_group.__aexit__(None, None, None)
-        finally:
-            self._task_group = None
-            await self.store.close()
+            # whatever the flush raised, the background tasks stop and the store closes
+            try:
+                if self._task_group is not None:
+                    self._task_group.cancel_scope.cancel()
+                    # only our background tasks run in it: the body's exception propagates
+                    await self._task_group.__aexit__(None, None, None)
+            finally:
+                self._task_group = None
+                with anyio.CancelScope(shield=True):
+                    await self.store.close()
         return None
 
     def _check_open(self) -> None:
@@ -165,11 +185,35 @@ class Mailboxes:
         await self.store.add_member(name)
 
     def inbox(self, name: str) -> Inbox:
-        """The inbox of member `name`, owned by this process (one object per name)."""
+        """The inbox of member `name`, owned by this process (one object per name), opened on
+        first use. On a store whose inboxes open over a network, open it first with
+        `await mail.open_inbox(name)` (which works on every store)."""
         self._check_open()
         inbox = self._inboxes.get(name)
         if inbox is None:
-            inbox = self._inboxes[name] = Inbox(self, name)
+            if not self.store.capabilities.opens_locally:
+                raise UsageError(
+                    f"{name}'s inbox is not open, and a {type(self.store).__name__} opens "
+                    f"inboxes over the network: use `await mail.open_inbox({name!r})` first"
+                )
+            inbox = Inbox(self, name)
+            run_local(inbox._open(), f"opening {name}'s inbox")
+            self._inboxes[name] = inbox
+        return inbox
+
+    async def open_inbox(self, name: str) -> Inbox:
+        """The inbox of member `name`, owned by this process, opened (taking its lease) if it
+        is not open yet. Works on every store."""
+        self._check_open()
+        inbox = self._inboxes.get(name)
+        if inbox is None:
+            inbox = Inbox(self, name)
+            await inbox._open()
+            existing = self._inboxes.get(name)
+            if existing is not None:  # another task opened it while this one waited
+                await inbox._close()
+                return existing
+            self._inboxes[name] = inbox
         return inbox
 
     # -- sending --
@@ -219,19 +263,55 @@ class Mailboxes:
         if isinstance(envelope, Broadcast):
             await self._broadcast(envelope, encoded)
             return
-        await self.store.append(envelope.recipient, encoded)
+        await self._append(envelope.recipient, encoded)
         self._wake(envelope.recipient)
 
+    async def _append(self, recipient: str, encoded: bytes | Sequence[bytes]) -> None:
+        """Append, retrying for up to `send_retry` seconds an append a network store could
+        not complete: not reached (`StoreUnavailable`: nothing was sent) or not answered
+        (`OutcomeUnknown`: maybe sent; the same bytes again are dropped by the receiver as a
+        duplicate id). Other errors are final at once."""
+        give_up = time.monotonic() + self._send_retry
+        delay = 0.05
+        while True:
+            try:
+                if isinstance(encoded, bytes):
+                    await self.store.append(recipient, encoded)
+                else:
+                    await self.store.append_many(recipient, encoded)
+                return
+            except (StoreUnavailable, OutcomeUnknown) as exc:
+                if time.monotonic() + delay > give_up:
+                    raise
+                log.warning("send to %s: %s; trying again in %.2fs", recipient, exc, delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
     async def _broadcast(self, envelope: Broadcast, encoded: bytes) -> None:
-        """Append to every member's inbox but the sender's; if some appends fail, the others
-        are still tried and `PartialBroadcast` names who got it and who did not."""
+        """Append to every member's inbox but the sender's: in one step on a store with
+        atomic broadcasts; otherwise one by one, and if some appends fail, the others are
+        still tried and `PartialBroadcast` names who got it and who did not."""
+        if self.store.capabilities.atomic_broadcast:
+            give_up, delay = time.monotonic() + self._send_retry, 0.05
+            while True:
+                try:
+                    reached = await self.store.append_broadcast(envelope.sender, encoded)
+                    break
+                except (StoreUnavailable, OutcomeUnknown):
+                    if time.monotonic() + delay > give_up:
+                        raise
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+            for member in reached:
+                self._wake(member)
+            return
         delivered: list[str] = []
         failed: list[tuple[str, StoreError]] = []
-        for member in self.store.members(refresh=True):
+        for member in await self.store.members_now():
             if member == envelope.sender:
                 continue
             try:
-                await self.store.append(member, encoded)
+                await self._append(member, encoded)
             except StoreError as exc:
                 failed.append((member, exc))
                 continue
@@ -264,7 +344,7 @@ class Mailboxes:
                     await self.send(broadcast)
                 continue
             batch = [self._encode(envelope) for envelope in group]
-            await self.store.append_many(recipient, batch)
+            await self._append(recipient, batch)
             self._wake(recipient)
 
     def _wake(self, name: str) -> None:
@@ -325,8 +405,8 @@ class Mailboxes:
             envelope,
         )
 
-    def _check_alive(self, envelope: Request) -> None:
-        if self.store.member_alive(envelope.recipient) is False:
+    async def _check_alive(self, envelope: Request) -> None:
+        if await self.store.member_alive(envelope.recipient) is False:
             raise TeammateGone(
                 f"{envelope.recipient} is not running (nobody holds its lease, or its holder "
                 f"stopped beating); request {envelope.id} (type {envelope.type!r}) stays in "
@@ -339,27 +419,27 @@ class Mailboxes:
         """Read the sender's inbox from its current end, without a lease, a commit or a
         quarantine entry, until the answer from the asked member arrives."""
         self._check_open()
-        reader = self.store.tail_reader(envelope.sender)
+        reader = await self.store.tail_reader(envelope.sender)
         check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
         try:
             await self.send(envelope)
             with anyio.move_on_after(math.inf if timeout is None else timeout):
                 while True:
                     if time.monotonic() >= check_at:
-                        self._check_alive(envelope)
+                        await self._check_alive(envelope)
                         check_at = time.monotonic() + _LIVENESS_EVERY
-                    frames = reader.read()[1]
-                    for frame in frames:
-                        decoded = decode_line(frame[2]) if not frame[3] else None
+                    entries = reader.read_nowait() or await reader.fetch()
+                    for entry in entries:
+                        decoded = decode_line(entry.raw) if not entry.too_long else None
                         if (
                             isinstance(decoded, Response)
                             and decoded.in_reply_to == envelope.id
                             and decoded.sender == envelope.recipient
                             and decoded.team == self.store.team
-                            and (self._signer is None or self._signer.verify(frame[2], self.team))
+                            and (self._signer is None or self._signer.verify(entry.raw, self.team))
                         ):
                             return decoded
-                    if not frames:
+                    if not entries:
                         await anyio.sleep(_POLL_INTERVAL / 5)
         finally:
             reader.close()
@@ -368,7 +448,7 @@ class Mailboxes:
     async def _request(
         self, envelope: Request, timeout: float | None, require_live: bool = True
     ) -> Response:
-        inbox = self.inbox(envelope.sender)
+        inbox = await self.open_inbox(envelope.sender)
         reply = _Reply(envelope.recipient)
         inbox._pending[envelope.id] = reply
         deadline = math.inf if timeout is None else time.monotonic() + timeout
@@ -383,7 +463,7 @@ class Mailboxes:
                     if time.monotonic() >= deadline:
                         break
                     try:
-                        self._check_alive(envelope)
+                        await self._check_alive(envelope)
                     except TeammateGone:
                         inbox._timed_out.add(envelope.id)  # a late answer is counted as late
                         raise
@@ -425,9 +505,11 @@ class Mailboxes:
                     await inbox.flush()
 
     async def _heartbeat(self) -> None:
-        """Keep the leases this process holds visibly alive to other processes."""
+        """Renew the leases this process holds, keeping them visibly alive to other processes
+        (a lease found taken over is marked lost by the store)."""
         while True:
-            self.store.heartbeat()
+            with contextlib.suppress(StoreError):
+                await self.store.renew_leases()
             await anyio.sleep(HEARTBEAT_INTERVAL)
 
     async def _rescan(self) -> None:
@@ -435,65 +517,11 @@ class Mailboxes:
         while True:
             await anyio.sleep(interval)
             for inbox in list(self._inboxes.values()):
+                if inbox._event is None:
+                    continue  # nobody waits on it: whoever reads next reads what is there
                 if inbox._has_new():
                     inbox._signal()
-
-
-class FileMailboxes(Mailboxes):
-    """Mailboxes in a team directory on local disk (see mailboxes/README.md for the format).
-
-        async with FileMailboxes("mailboxes/demo", members=["lead", "writer"]) as mail:
-            await mail.send(Envelope.message("lead", "writer", "hello"))
-            envelope = await mail.inbox("writer").receive(timeout=5)
-
-    - `durability="none"` (default): an acknowledged send survives kill -9 of any process;
-      `"fsync"` also survives power loss, with concurrent senders sharing fsyncs.
-    - `members`: names to add to the roster (idempotent); a recipient must be a member.
-    - `rescan_interval`: the safety rescan behind file notifications, in seconds.
-    - `segment_bytes`: log size at which an inbox rotates into a new segment; recorded in
-      team.json when the team is created, and that recorded value wins afterwards.
-    - `max_envelope`: the largest encoded envelope accepted (bytes).
-    - `create=False`: refuse to create a team directory that does not exist.
-    - `key`: a team key (or `TEAMRT_TEAM_KEY`): envelopes are signed with it, and unsigned or
-      badly signed ones are quarantined (see mailboxes/README.md, "Trust").
-    - `shared_group=True` (or `TEAMRT_SHARED_GROUP=1`): accept a team directory shared by one
-      group (group-writable); by default it must be this user's and writable by nobody else.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        durability: Durability = "none",
-        members: Iterable[str] = (),
-        rescan_interval: float = DEFAULT_RESCAN_INTERVAL,
-        segment_bytes: int | None = None,
-        max_envelope: int = DEFAULT_MAX_ENVELOPE,
-        create: bool = True,
-        key: str | bytes | None = None,
-        shared_group: bool | None = None,
-    ) -> None:
-        store = FileStore(
-            path,
-            durability=durability,
-            segment_bytes=segment_bytes,
-            max_envelope=max_envelope,
-            create=create,
-            shared_group=shared_group,
-        )
-        super().__init__(store, members=members, rescan_interval=rescan_interval, key=key)
-        self.path = store.path
-
-
-class MemoryMailboxes(Mailboxes):
-    """Mailboxes in memory: the same behaviour as `FileMailboxes`, nothing on disk."""
-
-    def __init__(
-        self,
-        team: str = "team",
-        *,
-        members: Iterable[str] = (),
-        max_envelope: int = DEFAULT_MAX_ENVELOPE,
-        key: str | bytes | None = None,
-    ) -> None:
-        super().__init__(MemoryStore(team, max_envelope=max_envelope), members=members, key=key)
+                elif self.store.capabilities.network:  # what the watcher may have missed
+                    with contextlib.suppress(StoreError):
+                        if await inbox._fetch():
+                            inbox._signal()

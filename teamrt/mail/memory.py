@@ -1,61 +1,75 @@
-"""The in-memory twin of the file store: same interface, same log bytes, no files.
+"""The in-memory twin of the file store: the same interface and records, no files.
 
-Inboxes are byte buffers holding exactly the lines the file store would write, so readers use the
-same decoder and cursor arithmetic and the conformance suite holds it to the same behaviour. It is
-for tests and single-process teams that need no persistence; nothing survives the process.
+Each inbox is a list of the stamped lines the file store would write, so readers use the same
+decoder and cursor arithmetic and the conformance suite holds it to the same behaviour. A position
+is `(0, index)`. It is for tests and single-process teams that need no persistence; nothing
+survives the process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from anyio.abc import TaskStatus
 
 from teamrt.errors import UnknownRecipient
-from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Frame, LineSplitter, stamp
-from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, InboxReader, Store
+from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Entry, Position, stamp
+from teamrt.mail.mailboxes import Mailboxes
+from teamrt.mail.store import (
+    DEFAULT_MAX_ENVELOPE,
+    Capabilities,
+    InboxReader,
+    LeaseRecord,
+    Store,
+    TeamView,
+)
 from teamrt.names import validate_name
 
 
 class _MemoryInbox:
-    __slots__ = ("cursor", "data", "next_seq", "quarantined")
+    __slots__ = ("cursor", "lines", "next_seq", "partial", "quarantined")
 
     def __init__(self) -> None:
-        self.data = bytearray()
+        self.lines: list[tuple[bytes, bool]] = []  # (stamped line, too long)
+        self.partial = b""  # raw bytes written without their newline yet (write_raw)
         self.next_seq = 0
         self.cursor = Cursor()
-        self.quarantined: list[tuple[int, Corrupt]] = []
+        self.quarantined: list[Corrupt] = []
+
+    def entry(self, index: int) -> Entry:
+        raw, too_long = self.lines[index]
+        return Entry(raw, (0, index), (0, index + 1), too_long)
 
 
 class MemoryReader(InboxReader):
-    def __init__(self, inbox: _MemoryInbox, max_line: int) -> None:
+    def __init__(self, inbox: _MemoryInbox) -> None:
         self._inbox = inbox
-        self._max_line = max_line
-        self.decoder = LineSplitter(max_line=max_line)
+        self.next = 0  # index of the next record to hand out
 
-    def load_cursor(self) -> Cursor:
-        return self._inbox.cursor
+    async def start(self) -> Cursor:
+        cursor = self._inbox.cursor
+        self.next = cursor.offset
+        return cursor
 
-    def seek(self, cursor: Cursor) -> None:
-        self.decoder = LineSplitter(cursor.offset, max_line=self._max_line)
-
-    def read(self) -> tuple[int, list[Frame]]:
-        offset = self.decoder.offset
-        data = self._inbox.data
-        if len(data) <= offset:
-            return 0, []
-        return 0, self.decoder.feed(bytes(data[offset:]))
+    def read_nowait(self) -> list[Entry]:
+        inbox, start = self._inbox, self.next
+        end = len(inbox.lines)
+        if start >= end:
+            return []
+        self.next = end
+        return [inbox.entry(i) for i in range(start, end)]
 
     def has_new(self) -> bool:
-        return len(self._inbox.data) > self.decoder.offset
+        return len(self._inbox.lines) > self.next
 
-    def commit(self, cursor: Cursor) -> None:
+    async def commit(self, cursor: Cursor) -> None:
         self._inbox.cursor = cursor
 
-    def quarantine(self, segment: int, item: Corrupt) -> None:
+    async def quarantine(self, item: Corrupt) -> None:
         known = self._inbox.quarantined
-        if not known or (known[-1][0], known[-1][1].offset) < (segment, item.offset):
-            known.append((segment, item))
+        if not known or known[-1].at < item.at:
+            known.append(item)
 
     def close(self) -> None:
         pass
@@ -63,6 +77,8 @@ class MemoryReader(InboxReader):
 
 class MemoryStore(Store):
     """Inboxes in memory, for tests and throwaway teams."""
+
+    capabilities = Capabilities(opens_locally=True, atomic_broadcast=True)
 
     def __init__(self, team: str = "team", *, max_envelope: int = DEFAULT_MAX_ENVELOPE) -> None:
         self.team = validate_name(team, what="team name")
@@ -79,7 +95,7 @@ class MemoryStore(Store):
     async def close(self) -> None:
         pass
 
-    def members(self, *, refresh: bool = False) -> tuple[str, ...]:
+    def members(self) -> tuple[str, ...]:
         return tuple(self.inboxes)
 
     async def add_member(self, name: str) -> None:
@@ -98,19 +114,36 @@ class MemoryStore(Store):
     async def append(self, recipient: str, encoded: bytes) -> int:
         inbox = self._inbox(recipient)
         seq = inbox.next_seq
-        inbox.data += stamp(encoded, seq, self._team_bytes)
+        inbox.lines.append((stamp(encoded, seq, self._team_bytes)[:-1], False))
         inbox.next_seq = seq + 1
         return seq
 
+    async def append_broadcast(self, sender: str, encoded: bytes) -> tuple[str, ...]:
+        reached = tuple(name for name in self.inboxes if name != sender)
+        for name in reached:  # nothing between these appends can fail
+            await self.append(name, encoded)
+        return reached
+
     def write_raw(self, name: str, data: bytes) -> None:
-        """Append raw bytes to an inbox, bypassing encoding (for corruption tests)."""
-        self._inbox(name).data += data
+        """Append raw bytes to an inbox, bypassing encoding (for corruption tests); they are
+        split into records at newlines, a last piece without one waiting for the rest."""
+        inbox = self._inbox(name)
+        *complete, inbox.partial = (inbox.partial + data).split(b"\n")
+        for line in complete:
+            if line.strip():
+                too_long = len(line) > self.max_line
+                inbox.lines.append((line[: self.max_line] if too_long else line, too_long))
 
     def reader(self, name: str) -> MemoryReader:
-        return MemoryReader(self._inbox(name), self.max_line)
+        return MemoryReader(self._inbox(name))
+
+    async def tail_reader(self, name: str) -> MemoryReader:
+        reader = self.reader(name)
+        reader.next = len(self._inbox(name).lines)
+        return reader
 
     def quarantined(self, name: str) -> list[Corrupt]:
-        return [item for _, item in self._inbox(name).quarantined]
+        return list(self._inbox(name).quarantined)
 
     async def watch(self, notify: Callable[[str], None], *, task_status: TaskStatus[None]) -> None:
         task_status.started()  # one process: sends wake their receivers directly
@@ -118,20 +151,64 @@ class MemoryStore(Store):
     def watch_inbox(self, name: str) -> None:
         pass
 
-    def _lock_member(self, name: str, holder: str) -> object:
+    def view(self) -> TeamView:
+        return MemoryView(self)
+
+    async def _lock_member(self, name: str, holder: str) -> tuple[object, int]:
         self._inbox(name)  # one store object is the whole team: nobody else can hold it
         self._ran.add(name)
-        return None
+        return None, 0
 
-    def member_alive(self, name: str) -> bool | None:
+    async def member_alive(self, name: str) -> bool | None:
         if self.lease_held(name):
             return True
         return False if name in self._ran else None
 
-    def _unlock_member(self, token: object) -> None:
+    async def _unlock_member(self, record: LeaseRecord) -> None:
         pass
 
-    def tail_reader(self, name: str) -> MemoryReader:
-        reader = self.reader(name)
-        reader.seek(Cursor(0, len(self._inbox(name).data)))
-        return reader
+
+class MemoryView(TeamView):
+    """A read-only view of a `MemoryStore`'s team."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self.team = store.team
+        self.locator = f"memory:{store.team}"
+
+    def members(self) -> tuple[str, ...]:
+        return self._store.members()
+
+    def scan(self, name: str, after: Position | None = None) -> Iterator[Entry]:
+        inbox = self._store._inbox(name)
+        start = 0 if after is None else after[1]
+        return (inbox.entry(i) for i in range(start, len(inbox.lines)))
+
+    def end(self, name: str) -> Position:
+        return (0, len(self._store._inbox(name).lines))
+
+    def committed(self, name: str) -> Cursor:
+        return self._store._inbox(name).cursor
+
+    def quarantined(self, name: str) -> Iterator[dict[str, Any]]:
+        for item in self._store._inbox(name).quarantined:
+            yield {"at": list(item.at), "end": list(item.end), "reason": item.reason,
+                   "raw": item.raw.decode("utf-8", "backslashreplace")}  # fmt: skip
+
+    def holder(self, name: str) -> str | None:
+        record = {r.name: r for r in self._store.held_leases()}.get(name)
+        return record.holders[-1] if record is not None and record.holders else None
+
+
+class MemoryMailboxes(Mailboxes):
+    """Mailboxes in memory: the same behaviour as `FileMailboxes`, nothing on disk."""
+
+    def __init__(
+        self,
+        team: str = "team",
+        *,
+        members: Iterable[str] = (),
+        max_envelope: int = DEFAULT_MAX_ENVELOPE,
+        key: str | bytes | None = None,
+    ) -> None:
+        super().__init__(MemoryStore(team, max_envelope=max_envelope), members=members, key=key)

@@ -33,6 +33,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 import anyio
@@ -126,6 +127,9 @@ class TeamView(ABC):
 
     team: str
     locator: str  # what opened it: a directory, or a store URL
+    #: The team's directory on this machine, where its agents' journals live (None for a team
+    #: in a network store: each host keeps its agents' files where it runs them).
+    directory: Path | None = None
 
     @abstractmethod
     def members(self) -> tuple[str, ...]: ...
@@ -148,7 +152,9 @@ class TeamView(ABC):
 
     @abstractmethod
     def quarantined(self, name: str) -> Iterator[dict[str, Any]]:
-        """The quarantine records of `name`'s inbox: position, reason, raw line, time."""
+        """The quarantine records of `name`'s inbox, oldest first, each a dict with `at` and
+        `end` (the record's positions, as two-item lists), `reason`, `raw` (the record as
+        text, undecodable bytes escaped) and `ts` (when it was quarantined)."""
 
     @abstractmethod
     def holder(self, name: str) -> str | None:

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pydantic_core
 
-from teamrt.errors import StoreError
-from teamrt.mail.filestore import InboxPaths
+from teamrt.mail import TeamView, open_view
 from teamrt.replay.agents import read_journal, with_decisions
 from teamrt.replay.events import ENVELOPE_KINDS, WINDOW, Event
 from teamrt.replay.summary import Summary
@@ -139,33 +136,28 @@ def _event(inbox: str, segment: int, offset: int, line: bytes) -> Event:
 
 
 def read_inbox(
-    paths: InboxPaths, positions: dict[str, tuple[int, int]] | None = None
+    view: TeamView, name: str, positions: dict[str, tuple[int, int]] | None = None
 ) -> Iterator[Event]:
-    """Every line of one inbox, every segment, in file order. Streams. When it ends, the
-    segment and offset after its last complete line are left in `positions[name]`."""
-    for index, (offset, _end, raw, _too_long) in paths.frames(positions):
-        yield _event(paths.name, index, offset, raw)
+    """Every record of one inbox, in order. Streams. When it ends, the position after its last
+    complete record is left in `positions[name]` (for following it afterwards)."""
+    for entry in view.scan(name):
+        if positions is not None:
+            positions[name] = entry.end
+        yield _event(name, entry.at[0], entry.at[1], entry.raw)
 
 
-def members(team_dir: Path) -> list[str]:
-    try:
-        roster = json.loads((team_dir / "team.json").read_text())
-        return [str(m) for m in roster.get("members", [])]
-    except FileNotFoundError:
-        raise StoreError(2, f"no team at {team_dir} (team.json is missing)") from None
-    except OSError as exc:
-        raise StoreError(exc.errno or 0, f"read {team_dir / 'team.json'}: {exc.strerror}") from None
-    except (ValueError, AttributeError, TypeError) as exc:
-        raise StoreError(0, f"unreadable roster {team_dir / 'team.json'}: {exc}") from None
+def members(team: TeamView | str | os.PathLike[str]) -> list[str]:
+    """The team's roster."""
+    return list((team if isinstance(team, TeamView) else open_view(team)).members())
 
 
 def _inbox_stream(
-    paths: InboxPaths, positions: dict[str, tuple[int, int]] | None
+    view: TeamView, name: str, positions: dict[str, tuple[int, int]] | None
 ) -> Iterator[Event]:
     """One inbox's events with a timestamp for merging: a corrupt line borrows the time of the
     line before it, so it appears where it sits in the file."""
     last_ts = 0.0
-    for event in read_inbox(paths, positions):
+    for event in read_inbox(view, name, positions):
         if event.kind == "corrupt":
             event.ts = last_ts
         else:
@@ -174,7 +166,7 @@ def _inbox_stream(
 
 
 def timeline(
-    team_dir: str | os.PathLike[str],
+    team: TeamView | str | os.PathLike[str],
     *,
     now: float | None = None,
     summary: Summary | None = None,
@@ -192,18 +184,19 @@ def timeline(
     `unanswered` (and `timed out` when their deadline has passed) and listed in
     `summary.unanswered`, unless a `joiner` is given: then they stay open in it, for the
     caller to go on and `finish` (see `finish`). `positions` receives where each inbox's
-    reading stopped (for following the files afterwards).
+    reading stopped (for following the inboxes afterwards). `team` is a team directory, a
+    store URL, or a view; agents' files are read from the team's directory (a team in a network
+    store has none here).
     """
-    root = Path(team_dir)
+    view = team if isinstance(team, TeamView) else open_view(team)
     summary = summary if summary is not None else Summary()
-    names = members(root)
-    streams: list[Iterator[Event]] = [
-        _inbox_stream(InboxPaths(root / "inboxes", name), positions) for name in names
-    ]
-    if agent_files:
+    names = view.members()
+    streams: list[Iterator[Event]] = [_inbox_stream(view, name, positions) for name in names]
+    root = view.directory if agent_files else None
+    if root is not None:
         streams += [read_journal(root / "agents" / f"{n}.state.jsonl", n) for n in names]
     merged: Iterator[Event] = heapq.merge(*streams, key=lambda e: e.ts)
-    if agent_files:
+    if root is not None:
         merged = with_decisions(merged, root)
     join = joiner if joiner is not None else Joiner()
     for event in merged:

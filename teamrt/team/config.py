@@ -14,7 +14,7 @@ from teamrt.agents.limits import Limits
 from teamrt.agents.memory import Memory
 from teamrt.agents.tools import Tool
 from teamrt.errors import LimitExceeded, UsageError
-from teamrt.mail.store import Store
+from teamrt.mail.store import Store, run_local
 from teamrt.models.base import Model, Usage
 
 #: Envelope kinds that can wake an idle teammate besides a task (a request always does).
@@ -133,32 +133,41 @@ class TeamBudget:
 
     @property
     def usage(self) -> Usage:
-        """Tokens spent by the whole team (every process, once published)."""
-        if self._store is not None:
-            self._sync(self._store.ledger_read())
+        """Tokens spent by the whole team (every process, once published; on a network store,
+        as of this process's last check or charge: `await refresh()` reads it now)."""
+        self._read_local()
         return self._usage
 
     @property
     def cost(self) -> float:
-        """USD spent by the whole team (every process, once published)."""
-        if self._store is not None:
-            self._sync(self._store.ledger_read())
+        """USD spent by the whole team (like `usage`)."""
+        self._read_local()
         return self._cost
+
+    def _read_local(self) -> None:
+        store = self._store
+        if store is not None and store.capabilities.opens_locally:
+            self._sync(run_local(store.ledger_read(), "reading the budget ledger"))
+
+    async def refresh(self) -> None:
+        """Read the team's ledger now (spend by every process)."""
+        if self._store is not None:
+            self._sync(await self._store.ledger_read())
 
     @property
     def limited(self) -> bool:
         return any(v is not None for v in (self.max_tokens, self.max_cost, self.deadline))
 
     @classmethod
-    def follow(cls, store: Store) -> TeamBudget:
+    async def follow(cls, store: Store) -> TeamBudget:
         """The budget the team's lead published in `store` (limits and spend), for a member run
         by another process; no limits while none is published."""
         budget = cls()
         budget._store = store
-        budget._sync(store.ledger_read())
+        budget._sync(await store.ledger_read())
         return budget
 
-    def publish(self, store: Store) -> None:
+    async def publish(self, store: Store) -> None:
         """Make this the team's ledger in `store`, shared by every process; spend starts at 0."""
         self._store = store
         self._deadline_at = time.time() + self.deadline if self.deadline is not None else None
@@ -173,7 +182,7 @@ class TeamBudget:
             "output_tokens": 0,
             "cost": 0.0,
         }
-        self._sync(store.ledger_update(lambda _old: ledger))
+        self._sync(await store.ledger_update(lambda _old: ledger))
 
     def _sync(self, ledger: dict[str, Any] | None) -> None:
         if not ledger:  # none published (or the lead runs without one): no limits
@@ -188,9 +197,10 @@ class TeamBudget:
         )
         self._cost = float(ledger.get("cost", 0.0))
 
-    def check(self) -> None:
+    async def check(self) -> None:
+        """Raise `LimitExceeded` if the team's budget is spent (read from the ledger)."""
         if self._store is not None:
-            self._sync(self._store.ledger_read())
+            self._sync(await self._store.ledger_read())
         if self.max_tokens is not None and self._usage.total_tokens >= self.max_tokens:
             raise LimitExceeded(
                 "team_max_tokens",
@@ -223,7 +233,8 @@ class TeamBudget:
             return None
         return self.deadline - (anyio.current_time() - self._started)
 
-    def charge(self, usage: Usage, cost: float | None) -> None:
+    async def charge(self, usage: Usage, cost: float | None) -> None:
+        """Add spend to the ledger (every process's checks see it)."""
         if self._store is None:
             self._usage = self._usage + usage
             self._cost += cost or 0.0
@@ -240,7 +251,7 @@ class TeamBudget:
                 "cost": float(ledger.get("cost", 0.0)) + (cost or 0.0),
             }
 
-        self._sync(self._store.ledger_update(add))
+        self._sync(await self._store.ledger_update(add))
 
 
 MemberState = Literal["starting", "idle", "working", "restarting", "stopped", "crashed"]

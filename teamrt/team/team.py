@@ -21,7 +21,8 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -136,7 +137,7 @@ class Team:
 
     async def __aenter__(self) -> Self:
         self.started = time.time()
-        roster = self.mail.members
+        roster = await self.mail.members_now()
         undeclared = [name for name in self.remote if name not in roster]
         if undeclared:
             raise UsageError(
@@ -148,23 +149,23 @@ class Team:
         for name in (self.lead, *self.teammates):
             await self.mail.add_member(name)
         if self.lead_here:  # the lead's inbox has one consumer too: a second lead is MemberBusy
-            self._lead_lease = self.mail.store.acquire_lease(
+            self._lead_lease = await self.mail.store.acquire_lease(
                 self.lead, f"pid {os.getpid()}, lead of this team"
             )
         try:
             await self._start()
         except BaseException:
             if self._lead_lease is not None:
-                self._lead_lease.release()
+                await self._lead_lease.release()
                 self._lead_lease = None
             raise
         return self
 
     async def _start(self) -> None:
         if self.budget is not None and self.budget._store is None:
-            self.budget.publish(self.mail.store)  # every process of the team draws on it
+            await self.budget.publish(self.mail.store)  # every process of the team draws on it
         elif self.budget is None and self.lead_here:
-            self.mail.store.ledger_update(lambda old: {} if old else None)  # none this run
+            await self.mail.store.ledger_update(lambda old: {} if old else None)  # none
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -198,7 +199,7 @@ class Team:
                 await task_group.__aexit__(None, None, None)
             finally:
                 if self._lead_lease is not None:
-                    self._lead_lease.release()
+                    await self._lead_lease.release()
                     self._lead_lease = None
 
     # -- asking --
@@ -294,7 +295,7 @@ class Team:
     async def _lead_caught_up(self) -> None:
         """Wait (briefly) until the lead's server has taken in what the lead's inbox read so
         far: an answer is routed at once, the messages read before it may still be queued."""
-        inbox = self.mail.inbox(self.lead)
+        inbox = await self.mail.open_inbox(self.lead)
         for _ in range(1000):
             if inbox.statistics().ready == 0:
                 return
@@ -360,7 +361,7 @@ class Team:
         self._task_group.start_soon(self._lead_inbox)
 
     async def _lead_inbox(self) -> None:
-        inbox = self.mail.inbox(self.lead)
+        inbox = await self.mail.open_inbox(self.lead)
         while True:
             envelope = await inbox.receive()  # answers to `ask` are routed before this
             try:
@@ -501,13 +502,23 @@ class Team:
                     status.incarnation = incarnation
                     previous, lease = (
                         lease,
-                        self.mail.store.acquire_lease(
+                        await self.mail.store.acquire_lease(
                             teammate.name, f"pid {os.getpid()}, incarnation {incarnation}"
                         ),
                     )
                     if previous is not None:
-                        previous.release()
-                    if await self._incarnate(teammate, incarnation, ready, attempts):
+                        await previous.release()
+                    done = await self._while_leased(
+                        lease, partial(self._incarnate, teammate, incarnation, ready, attempts)
+                    )
+                    if done is None:  # another holder took the lease over: it runs the member
+                        log.warning("%s lost its lease to another holder (%s stopped renewing "
+                                    "it in time); this incarnation stops", teammate.name,
+                                    f"pid {os.getpid()}")  # fmt: skip
+                        status.state, status.last = "stopped", "lease lost"
+                        ready()
+                        return
+                    if done:
                         return
                     delay = policy.delay(status.restarts)
                     log.info("%s restarts in %.2fs (restart %d of %d)", teammate.name, delay,
@@ -518,15 +529,32 @@ class Team:
                     status.restarts += 1
         finally:
             if lease is not None:
-                lease.release()
+                await lease.release()
         if status.state not in ("stopped", "crashed"):
             status.state = "stopped"
+
+    async def _while_leased(self, lease: Lease, run: Callable[[], Awaitable[bool]]) -> bool | None:
+        """`run()`, stopped if the store reports the lease lost (a store whose leases expire,
+        after another process took it over); None then."""
+        if not self.mail.store.capabilities.leases_expire:
+            return await run()
+        outcome: list[bool] = []
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                await lease.lost.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            outcome.append(await run())
+            tg.cancel_scope.cancel()
+        return outcome[0] if outcome else None
 
     async def _backoff(self, name: str, delay: float) -> bool:
         """Wait out a restart backoff, watching the member's inbox for a shutdown meanwhile
         (from a lead in any process); True if one came. Everything else read is handed back
         for the next incarnation, unacked."""
-        inbox, held = self.mail.inbox(name), []
+        inbox, held = await self.mail.open_inbox(name), []
         until = anyio.current_time() + delay
         try:
             while (left := until - anyio.current_time()) > 0:
@@ -558,6 +586,7 @@ class Team:
     ) -> bool:
         """Run one incarnation; True if the member is done (stopped, or crashed for good)."""
         status, policy = self.status[teammate.name], teammate.restart
+        await self.mail.open_inbox(teammate.name)  # the desk reads it
         runner = Runner(
             self, teammate, incarnation, status, self._carried.get(teammate.name), attempts
         )

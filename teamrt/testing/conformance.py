@@ -9,14 +9,22 @@ fixture returning a `StoreHarness` for your store:
             return StoreHarness(lambda: MyStore(...), write_raw=my_raw_writer)
 
 `make_store()` must return a new store object over the *same* storage each time it is called, so
-the suite can close and reopen mailboxes to check what survives. `write_raw(name, data)` appends
-raw bytes to an inbox, bypassing the store (to test corrupt input).
+the suite can close and reopen mailboxes to check what survives (a store that keeps a team in
+one object, like `MemoryStore`, returns that object). `write_raw(name, data)` appends raw bytes
+to an inbox, bypassing the store (to test corrupt input).
+
+Tests of what only some stores promise run where the store's `Capabilities` claim it: two store
+objects on one team (`shared`), leases that expire (`leases_expire`, with the harness's
+`expire_lease(name)` making a held lease lapse as if its holder had stopped renewing it), and
+outages (`network`, with the harness's `outage()`: a context manager during which the store's
+server does not answer).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import anyio
@@ -28,11 +36,15 @@ from teamrt.errors import (
     EnvelopeTooLarge,
     InvalidEnvelope,
     InvalidName,
+    LeaseLost,
     MailboxClosed,
+    MemberBusy,
+    OutcomeUnknown,
     PayloadError,
     ReceiveTimeout,
     RemoteError,
     RequestTimeout,
+    StoreUnavailable,
     UnknownRecipient,
 )
 from teamrt.mail.log import encode, stamp
@@ -44,6 +56,8 @@ from teamrt.mail.store import Store
 class StoreHarness:
     make_store: Callable[[], Store]
     write_raw: Callable[[str, bytes], None]
+    expire_lease: Callable[[str], None] | None = None
+    outage: Callable[[], AbstractContextManager[None]] | None = None
 
     def open(self, members: Iterable[str] = ("lead", "worker", "writer")) -> Mailboxes:
         return Mailboxes(self.make_store(), members=members)
@@ -58,7 +72,7 @@ register_payload("conformance_task", ConformancePayload)
 
 
 async def _drain(mail: Mailboxes, name: str) -> list[Envelope]:
-    inbox = mail.inbox(name)
+    inbox = await mail.open_inbox(name)
     out = []
     while True:
         try:
@@ -78,7 +92,7 @@ class MailboxConformance:
         async with harness.open() as mail:
             sent = Envelope.message("lead", "worker", {"text": "hi"}, trace_id="t1")
             await mail.send(sent)
-            got = await mail.inbox("worker").receive(timeout=5)
+            got = await (await mail.open_inbox("worker")).receive(timeout=5)
             assert got.id == sent.id
             assert got.seq == 0
             assert got.team == mail.team
@@ -112,7 +126,7 @@ class MailboxConformance:
 
     async def test_receive_nowait_and_timeout(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
-            inbox = mail.inbox("worker")
+            inbox = await mail.open_inbox("worker")
             with pytest.raises(anyio.WouldBlock):
                 inbox.receive_nowait()
             with pytest.raises(ReceiveTimeout, match="nothing arrived in worker's inbox"):
@@ -123,7 +137,7 @@ class MailboxConformance:
             got: list[Envelope] = []
 
             async def receiver() -> None:
-                got.append(await mail.inbox("worker").receive(timeout=10))
+                got.append(await (await mail.open_inbox("worker")).receive(timeout=10))
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(receiver)
@@ -136,13 +150,13 @@ class MailboxConformance:
         async with harness.open() as mail:
             for envelope in sent:
                 await mail.send(envelope)
-            inbox = mail.inbox("worker")
+            inbox = await mail.open_inbox("worker")
             got = await _drain(mail, "worker")
             await inbox.ack(got[0], got[1], got[3])  # out of order: 2 and 4 stay unacked
         async with harness.open() as mail:
             again = await _drain(mail, "worker")
             assert [e.body for e in again] == [2, 4]
-            await mail.inbox("worker").ack(*again)
+            await (await mail.open_inbox("worker")).ack(*again)
         async with harness.open() as mail:
             assert await _drain(mail, "worker") == []
 
@@ -150,7 +164,7 @@ class MailboxConformance:
         envelope = Envelope.message("lead", "worker", "once")
         async with harness.open() as mail:
             await mail.send(envelope)
-            inbox = mail.inbox("worker")
+            inbox = await mail.open_inbox("worker")
             first = await inbox.receive(timeout=5)
             await inbox.ack(first)
             await mail.send(envelope)  # a sender retrying after a crash
@@ -196,7 +210,7 @@ class MailboxConformance:
             got = await _drain(mail, "worker")
             assert [e.id for e in got] == [good.id]
             assert got[0].payload() == ConformancePayload(topic="x", pages=2)
-            assert mail.inbox("worker").statistics().quarantined == 1
+            assert (await mail.open_inbox("worker")).statistics().quarantined == 1
 
     async def test_corrupt_lines_are_quarantined_and_never_block(
         self, harness: StoreHarness
@@ -216,8 +230,8 @@ class MailboxConformance:
             await mail.send(Envelope.message("lead", "worker", 3))
             got = await _drain(mail, "worker")
             assert [e.body for e in got] == [1, 3]
-            assert mail.inbox("worker").statistics().quarantined == 4
-            await mail.inbox("worker").ack(*got)
+            assert (await mail.open_inbox("worker")).statistics().quarantined == 4
+            await (await mail.open_inbox("worker")).ack(*got)
         async with harness.open() as mail:  # nothing comes back, nothing quarantined twice
             assert await _drain(mail, "worker") == []
 
@@ -225,7 +239,7 @@ class MailboxConformance:
         async with harness.open() as mail:
             line = stamp(encode(Envelope.message("lead", "worker", "slow")), 0, mail.team.encode())
             harness.write_raw("worker", line[:20])  # a write in progress
-            inbox = mail.inbox("worker")
+            inbox = await mail.open_inbox("worker")
             with pytest.raises(anyio.WouldBlock):
                 inbox.receive_nowait()
             harness.write_raw("worker", line[20:])
@@ -236,7 +250,7 @@ class MailboxConformance:
         async with harness.open() as mail:
 
             async def worker() -> None:
-                inbox = mail.inbox("worker")
+                inbox = await mail.open_inbox("worker")
                 request = await inbox.receive(timeout=5)
                 await mail.send(Envelope.response(request, {"sum": sum(request.body)}))
                 await inbox.ack(request)
@@ -256,14 +270,14 @@ class MailboxConformance:
             await mail.send(Envelope.message("writer", "lead", "unrelated, unread"))
 
             async def worker() -> None:
-                request = await mail.inbox("worker").receive(timeout=5)
+                request = await (await mail.open_inbox("worker")).receive(timeout=5)
                 await anyio.sleep(0.05)  # the requester waits meanwhile, and must not spin
                 await mail.send(Envelope.response(request, "done"))
 
             got: list[Envelope] = []
 
             async def lead_receiver() -> None:
-                got.append(await mail.inbox("lead").receive(timeout=5))
+                got.append(await (await mail.open_inbox("lead")).receive(timeout=5))
 
             with anyio.fail_after(5):
                 async with anyio.create_task_group() as tg:
@@ -279,7 +293,7 @@ class MailboxConformance:
         async with harness.open() as mail:
 
             async def worker() -> None:
-                request = await mail.inbox("worker").receive(timeout=5)
+                request = await (await mail.open_inbox("worker")).receive(timeout=5)
                 await mail.send(Envelope.error(request, KeyError("no such page")))
 
             async with anyio.create_task_group() as tg:
@@ -294,18 +308,18 @@ class MailboxConformance:
             with pytest.raises(RequestTimeout, match="late response will be delivered") as info:
                 await mail.request(request, timeout=0.05)
             assert info.value.request.id == request.id
-            received = await mail.inbox("worker").receive(timeout=5)
+            received = await (await mail.open_inbox("worker")).receive(timeout=5)
             assert received.deadline is not None
             await mail.send(Envelope.response(received, "done at last"))
-            late = await mail.inbox("lead").receive(timeout=5)
+            late = await (await mail.open_inbox("lead")).receive(timeout=5)
             assert late.in_reply_to == request.id
-            assert mail.inbox("lead").statistics().late_responses == 1
+            assert (await mail.open_inbox("lead")).statistics().late_responses == 1
 
     async def test_duplicate_responses_are_dropped(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
 
             async def worker() -> None:
-                request = await mail.inbox("worker").receive(timeout=5)
+                request = await (await mail.open_inbox("worker")).receive(timeout=5)
                 await mail.send(Envelope.response(request, "first"))
                 await mail.send(Envelope.response(request, "second"))
                 await mail.send(Envelope.message("worker", "lead", "after"))
@@ -315,7 +329,7 @@ class MailboxConformance:
                 response = await mail.request(Envelope.request("lead", "worker", "q"), timeout=5)
             assert response.body == "first"
             assert [e.body for e in await _drain(mail, "lead")] == ["after"]
-            assert mail.inbox("lead").statistics().duplicate_responses == 1
+            assert (await mail.open_inbox("lead")).statistics().duplicate_responses == 1
 
     async def test_request_requires_request_kind(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
@@ -345,7 +359,7 @@ class MailboxConformance:
     async def test_closed_mailboxes_refuse_use(self, harness: StoreHarness) -> None:
         mail = harness.open()
         async with mail:
-            inbox = mail.inbox("worker")
+            inbox = await mail.open_inbox("worker")
         with pytest.raises(MailboxClosed):
             await mail.send(Envelope.message("lead", "worker", "late"))
         with pytest.raises(MailboxClosed):
@@ -359,7 +373,7 @@ class MailboxConformance:
         async with harness.open() as mail, anyio.create_task_group() as tg:
 
             async def forge_then_answer() -> None:
-                request = await mail.inbox("worker").receive(timeout=5)
+                request = await (await mail.open_inbox("worker")).receive(timeout=5)
                 forged = Envelope.response(request, "forged").model_copy(
                     update={"sender": "writer"}
                 )
@@ -369,7 +383,7 @@ class MailboxConformance:
             tg.start_soon(forge_then_answer)
             response = await mail.request(Envelope.request("lead", "worker", "q"), timeout=5)
             assert (response.sender, response.body) == ("worker", "real")
-            assert mail.inbox("lead").statistics().rejected_responses == 1
+            assert (await mail.open_inbox("lead")).statistics().rejected_responses == 1
 
     async def test_misfiled_envelopes_are_quarantined(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
@@ -382,7 +396,7 @@ class MailboxConformance:
             )
             await mail.send(Envelope.message("lead", "worker", 3))
             assert [e.body for e in await _drain(mail, "worker")] == [3]
-            assert mail.inbox("worker").statistics().quarantined == 2
+            assert (await mail.open_inbox("worker")).statistics().quarantined == 2
 
     async def test_nan_and_infinity_are_refused(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
@@ -399,14 +413,128 @@ class MailboxConformance:
             harness.write_raw("worker", stamp(unsigned, 0, mail.team.encode()))
             await mail.send(Envelope.message("lead", "worker", "signed"))
             assert [e.body for e in await _drain(mail, "worker")] == ["signed"]
-            assert mail.inbox("worker").statistics().quarantined == 1
+            assert (await mail.open_inbox("worker")).statistics().quarantined == 1
 
     async def test_an_inbox_shares_its_stores_lease(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
-            lease = mail.store.acquire_lease("worker", "a team of this process")
-            inbox = mail.inbox("worker")
-            lease.release()
+            lease = await mail.store.acquire_lease("worker", "a team of this process")
+            inbox = await mail.open_inbox("worker")
+            await lease.release()
             assert not mail.store.lease_held("worker")
-            with pytest.raises(anyio.WouldBlock):
-                inbox.receive_nowait()  # takes the lease for itself
+            with pytest.raises(ReceiveTimeout):
+                await inbox.receive(timeout=0.05)  # takes the lease for itself
             assert mail.store.lease_held("worker")
+
+    # -- every store: opening inboxes, leases within one store object --
+
+    async def test_open_inbox_works_on_every_store(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            inbox = await mail.open_inbox("worker")
+            assert await mail.open_inbox("worker") is inbox  # one object per name
+            await mail.send(Envelope.message("lead", "worker", "x"))
+            assert (await inbox.receive(timeout=5)).body == "x"
+            if mail.store.capabilities.opens_locally:
+                assert mail.inbox("worker") is inbox
+
+    async def test_a_released_lease_is_free_and_a_view_shows_the_inboxes(
+        self, harness: StoreHarness
+    ) -> None:
+        async with harness.open() as mail:
+            lease = await mail.store.acquire_lease("writer", "first")
+            assert mail.store.lease_held("writer")
+            assert not lease.lost.is_set()
+            assert await mail.store.member_alive("writer") is True
+            await lease.release()
+            await lease.release()  # twice is harmless
+            assert not mail.store.lease_held("writer")
+            assert await mail.store.member_alive("writer") is False  # it ran, and stopped
+            again = await mail.store.acquire_lease("writer", "second")
+            assert again.fence >= lease.fence
+            await again.release()
+            await mail.send_many([Envelope.message("lead", "worker", i) for i in range(3)])
+            with mail.store.view() as view:
+                assert set(view.members()) >= {"lead", "worker", "writer"}
+                entries = list(view.scan("worker"))
+                assert len(entries) == 3
+                rest = [e.raw for e in view.scan("worker", after=entries[0].end)]
+                assert rest == [e.raw for e in entries[1:]]
+                assert view.end("worker") == entries[-1].end
+
+    # -- shared stores: two store objects on one team --
+
+    async def test_two_store_objects_share_a_team(self, harness: StoreHarness) -> None:
+        first = harness.make_store()
+        if not first.capabilities.shared:
+            pytest.skip(f"{type(first).__name__} keeps a team in one store object")
+        async with (
+            Mailboxes(first, members=["lead", "worker"]) as a,
+            Mailboxes(harness.make_store()) as b,
+        ):
+            await a.add_member("critic")
+            assert "critic" in await b.members_now()
+            await b.send(Envelope.message("lead", "critic", "from b"))
+            inbox = await a.open_inbox("critic")
+            assert (await inbox.receive(timeout=5)).body == "from b"
+            with pytest.raises(MemberBusy):
+                await b.open_inbox("critic")  # a owns it
+
+    # -- stores whose leases expire --
+
+    async def test_an_expired_lease_is_lost_and_its_commits_refused(
+        self, harness: StoreHarness
+    ) -> None:
+        store = harness.make_store()
+        if not store.capabilities.leases_expire or harness.expire_lease is None:
+            pytest.skip(f"{type(store).__name__}'s leases do not expire")
+        async with Mailboxes(store, members=["lead", "worker"]) as a:
+            inbox = await a.open_inbox("worker")
+            await a.send(Envelope.message("lead", "worker", 1))
+            got = await inbox.receive(timeout=5)
+            old_fence = inbox._lease.fence if inbox._lease is not None else -1
+            harness.expire_lease("worker")
+            async with Mailboxes(harness.make_store()) as b:
+                successor = await b.open_inbox("worker")  # the lease lapsed: b takes it over
+                assert successor._lease is not None
+                assert successor._lease.fence > old_fence
+                with anyio.fail_after(10):  # a's next renewal finds b's token
+                    assert inbox._lease is not None
+                    await inbox._lease.lost.wait()
+                with pytest.raises(LeaseLost):
+                    await inbox.ack(got)  # a stale holder cannot move the cursor
+                again = await successor.receive(timeout=5)  # not acked: b gets it
+                assert again.id == got.id
+                await successor.ack(again)
+
+    # -- network stores: outages --
+
+    async def test_an_outage_fails_sends_clearly_then_nothing_is_lost_or_doubled(
+        self, harness: StoreHarness
+    ) -> None:
+        store = harness.make_store()
+        if not store.capabilities.network or harness.outage is None:
+            pytest.skip(f"{type(store).__name__} is not reached over a network")
+        async with Mailboxes(store, members=["lead", "worker"], send_retry=0.2) as mail:
+            inbox = await mail.open_inbox("worker")
+            await mail.send(Envelope.message("lead", "worker", "before"))
+            outcomes: list[str] = []
+            with harness.outage():
+                for i in range(3):
+                    try:
+                        await mail.send(Envelope.message("lead", "worker", f"during {i}"))
+                        outcomes.append("sent")
+                    except (StoreUnavailable, OutcomeUnknown) as exc:
+                        outcomes.append(type(exc).__name__)
+            assert set(outcomes) <= {"sent", "StoreUnavailable", "OutcomeUnknown"}
+            assert "sent" not in outcomes[:1]  # the first send saw the outage
+            retried = Envelope.message("lead", "worker", "after")
+            await mail.send(retried)
+            await mail.send(retried)  # a retry of a send whose outcome was unknown
+            bodies = []
+            with anyio.fail_after(10):
+                while "after" not in bodies:
+                    envelope = await inbox.receive(timeout=5)
+                    bodies.append(envelope.body)
+                    await inbox.ack(envelope)
+            assert bodies[0] == "before"
+            assert bodies.count("after") == 1
+            assert len(bodies) == len(set(bodies))  # nothing delivered twice

@@ -17,25 +17,33 @@ of its two checksummed slots. This package must never delete a lock file, trunca
 another writer completed, create an inbox for an unknown name, or open a file it creates through a
 symbolic link.
 
-    paths.py     where an inbox's files are; which segment is active
-    fileio.py    O_NOFOLLOW creation, atomic replace, directory checks, OSError translation
-    appender.py  the locked append, seq recovery, rotation
-    reader.py    the owner's reader, cursor checks and commits, quarantine
-    store.py     FileStore: directory, roster, leases, watches
-    repair.py    `teamrt repair`: bring a damaged inbox back to its last good position
+    paths.py      the team directory's layout: where an inbox's files are, the active segment
+    framing.py    lines into records (torn tails held back), the cursor file's two slots
+    fileio.py     O_NOFOLLOW creation, atomic replace, directory checks, OSError translation
+    appender.py   the locked append, seq recovery, rotation
+    reader.py     the owner's reader, cursor checks and commits, quarantine
+    store.py      FileStore: directory, roster, leases, the inotify watch
+    watch.py      the inotify dispatch loop
+    view.py       FileView: the read-only view tools use
+    mailboxes.py  FileMailboxes: Mailboxes over a FileStore
+    repair.py     `teamrt repair`: bring a damaged inbox back to its last good position
 """
 
 from teamrt.mail.filestore.appender import TAIL_WINDOW as _TAIL_WINDOW
+from teamrt.mail.filestore.mailboxes import FileMailboxes
 from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import CURSOR_SLOT, FileReader, read_cursor
 from teamrt.mail.filestore.store import DEFAULT_SEGMENT_BYTES, FileStore, lease_holder
+from teamrt.mail.filestore.view import FileView
 
 __all__ = [
     "CURSOR_SLOT",
     "DEFAULT_SEGMENT_BYTES",
     "_TAIL_WINDOW",
+    "FileMailboxes",
     "FileReader",
     "FileStore",
+    "FileView",
     "InboxPaths",
     "lease_holder",
     "read_cursor",

@@ -22,22 +22,25 @@ from teamrt.mail.log import (
     decode_entry,
 )
 
-#: One complete line: (offset, end, raw bytes without the newline, too_long).
-Frame = tuple[int, int, bytes, bool]
+__all__ = ["LineDecoder", "LineSplitter", "decode_all", "decode_slots", "encode_slot"]
 
 
 class LineSplitter:
-    """Frames a byte stream that starts at `offset` into complete lines, without decoding them.
+    """Frames a byte stream of segment `segment` that starts at `offset` into complete lines,
+    without decoding them: one `Entry` per line, at `(segment, offset)` positions.
 
-    `feed()` accepts any split of the stream and returns the same frames as feeding it whole. A
-    tail without its newline is held back (it may be a write in progress); at most `max_line`
+    `feed()` accepts any split of the stream and returns the same entries as feeding it whole.
+    A tail without its newline is held back (it may be a write in progress); at most `max_line`
     bytes of a line are ever held, and a longer line comes out once, marked `too_long`. Blank
     lines are skipped.
     """
 
-    __slots__ = ("_kept", "_max_line", "_skip_start", "_skipping", "_tail", "offset")
+    __slots__ = ("_kept", "_max_line", "_skip_start", "_skipping", "_tail", "offset", "segment")
 
-    def __init__(self, offset: int = 0, *, max_line: int = DEFAULT_MAX_LINE) -> None:
+    def __init__(
+        self, offset: int = 0, *, max_line: int = DEFAULT_MAX_LINE, segment: int = 0
+    ) -> None:
+        self.segment = segment
         self.offset = offset  # stream offset of the first byte not yet fed
         self._max_line = max_line
         self._tail = b""
@@ -55,8 +58,8 @@ class LineSplitter:
         """Offset just after the last complete line seen."""
         return self._skip_start if self._skipping else self.offset - len(self._tail)
 
-    def feed(self, data: bytes) -> list[Frame]:
-        frames: list[Frame] = []
+    def feed(self, data: bytes) -> list[Entry]:
+        frames: list[Entry] = []
         if not data:
             return frames
         base = self.offset - len(self._tail)
@@ -67,9 +70,10 @@ class LineSplitter:
             self._hold(buf, base)
             return frames
         pos = 0
+        seg = self.segment
         if self._skipping:  # the rest of an over-long line: report it once, with what we kept
             nl = buf.find(b"\n")
-            frames.append((self._skip_start, base + nl + 1, self._kept, True))
+            frames.append(Entry(self._kept, (seg, self._skip_start), (seg, base + nl + 1), True))
             self._skipping = False
             pos = nl + 1
             self._tail = b""
@@ -77,23 +81,24 @@ class LineSplitter:
         for line in buf[pos:last_nl].split(b"\n") if pos <= last_nl else ():
             end = pos + len(line) + 1
             if len(line) > max_line:
-                frames.append((base + pos, base + end, line[:max_line], True))
+                frames.append(Entry(line[:max_line], (seg, base + pos), (seg, base + end), True))
             elif line and not line.isspace():
-                frames.append((base + pos, base + end, line, False))
+                frames.append(Entry(line, (seg, base + pos), (seg, base + end)))
             pos = end
         self._hold(buf[last_nl + 1 :], base + last_nl + 1)
         return frames
 
-    def flush(self) -> Frame | None:
-        """The held tail as a frame, for a stream that is known to be finished."""
+    def flush(self) -> Entry | None:
+        """The held tail as an entry, for a stream that is known to be finished."""
+        seg = self.segment
         if self._skipping:
             self._skipping = False
-            return (self._skip_start, self.offset, self._kept, True)
+            return Entry(self._kept, (seg, self._skip_start), (seg, self.offset), True)
         if not self._tail:
             return None
-        frame = (self.offset - len(self._tail), self.offset, self._tail, False)
+        entry = Entry(self._tail, (seg, self.offset - len(self._tail)), (seg, self.offset))
         self._tail = b""
-        return frame
+        return entry
 
     def _hold(self, rest: bytes, rest_offset: int) -> None:
         if self._skipping:
@@ -107,19 +112,6 @@ class LineSplitter:
             self._tail = rest
 
 
-def entry(frame: Frame, segment: int = 0) -> Entry:
-    """The store-neutral record of a frame of segment `segment`."""
-    offset, end, raw, too_long = frame
-    return Entry(raw, (segment, offset), (segment, end), too_long)
-
-
-def decode_frame(
-    frame: Frame, max_line: int = DEFAULT_MAX_LINE, segment: int = 0
-) -> Record | Corrupt:
-    """Decode one framed line into a `Record`, or a `Corrupt` saying why it is unusable."""
-    return decode_entry(entry(frame, segment), max_line)
-
-
 class LineDecoder(LineSplitter):
     """A `LineSplitter` that decodes every line it frames (for tools that read whole logs)."""
 
@@ -127,7 +119,7 @@ class LineDecoder(LineSplitter):
 
     def feed(self, data: bytes) -> list[Record | Corrupt]:  # type: ignore[override]
         max_line = self._max_line
-        return [decode_frame(frame, max_line) for frame in super().feed(data)]
+        return [decode_entry(entry, max_line) for entry in super().feed(data)]
 
 
 def decode_all(

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from teamrt.errors import StoreError
-from teamrt.mail.log import Frame, LineSplitter
+from teamrt.mail.filestore.framing import LineSplitter
+from teamrt.mail.log import DEFAULT_MAX_LINE, Entry
 
 READ_CHUNK = 256 << 10  # small reads keep few decoded envelopes alive (GC cost)
 
@@ -88,14 +89,21 @@ class InboxPaths:
         """Every segment of the log in order, the active file last (for replay and inspect)."""
         return [self.segment(i) for i in self.rotated_segments()] + [self.log]
 
-    def frames(
-        self, positions: dict[str, tuple[int, int]] | None = None
-    ) -> Iterator[tuple[int, Frame]]:
-        """Every complete line of every segment, in file order, as (segment index, frame),
-        streamed (for tools that read whole logs). When it ends, the segment and offset after
-        the last complete line are left in `positions[name]`."""
+    def entries(
+        self,
+        positions: dict[str, tuple[int, int]] | None = None,
+        *,
+        max_line: int = DEFAULT_MAX_LINE,
+        start: tuple[int, int] = (0, 0),
+    ) -> Iterator[Entry]:
+        """Every complete line of every segment, in file order, streamed (for tools that read
+        whole logs). When it ends, the segment and offset after the last complete line are left
+        in `positions[name]`."""
         for index, segment in enumerate(self.segments()):
-            splitter = LineSplitter()
+            if index < start[0]:
+                continue
+            offset = start[1] if index == start[0] else 0
+            splitter = LineSplitter(offset, segment=index, max_line=max_line)
             try:
                 f = open(segment, "rb")  # noqa: SIM115 -- closed below, around the yields
             except FileNotFoundError:
@@ -103,6 +111,7 @@ class InboxPaths:
             except OSError as exc:
                 raise _read_error(segment, exc) from None
             with f:
+                f.seek(offset)
                 while True:
                     try:
                         chunk = f.read(READ_CHUNK)
@@ -112,7 +121,6 @@ class InboxPaths:
                         ) from None
                     if not chunk:
                         break
-                    for frame in splitter.feed(chunk):
-                        yield index, frame
+                    yield from splitter.feed(chunk)
             if positions is not None:
                 positions[self.name] = (index, splitter.position)

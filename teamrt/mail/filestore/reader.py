@@ -22,6 +22,8 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anyio
+
 from teamrt.errors import StoreCorrupt
 from teamrt.mail.filestore.appender import TAIL_WINDOW
 from teamrt.mail.filestore.fileio import (
@@ -31,8 +33,9 @@ from teamrt.mail.filestore.fileio import (
     translate,
     write_all,
 )
+from teamrt.mail.filestore.framing import LineSplitter, decode_slots, encode_slot
 from teamrt.mail.filestore.paths import READ_CHUNK, InboxPaths
-from teamrt.mail.log import Corrupt, Cursor, Frame, LineSplitter
+from teamrt.mail.log import Corrupt, Cursor, Entry
 from teamrt.mail.store import InboxReader
 
 if TYPE_CHECKING:
@@ -60,7 +63,7 @@ def read_cursor(path: Path) -> tuple[Cursor, int, int]:
         data = os.read(fd, max(os.fstat(fd).st_size, 1))
     finally:
         os.close(fd)
-    found = Cursor.decode_slots(data)
+    found = decode_slots(data)
     if found is None:
         return Cursor(), -1, CURSOR_SLOT
     return found[0], found[1], max(CURSOR_SLOT, len(data) // 2)
@@ -104,6 +107,11 @@ class FileReader(InboxReader):
             f"{self.paths.name}'s inbox is damaged: {path} {found}; nothing more is read from "
             f"it until it is repaired: {repair_hint(self.store.path, self.paths.name)}"
         )
+
+    async def start(self) -> Cursor:
+        cursor = self.load_cursor()
+        self.seek(cursor)
+        return cursor
 
     def load_cursor(self) -> Cursor:
         try:
@@ -155,7 +163,9 @@ class FileReader(InboxReader):
                 f"is not the file the cursor was written for: the bytes before offset "
                 f"{cursor.offset} differ (the log was replaced or rewritten)",
             )
-        self.decoder = LineSplitter(cursor.offset, max_line=self.store.max_line)
+        self.decoder = LineSplitter(
+            cursor.offset, max_line=self.store.max_line, segment=cursor.segment
+        )
 
     def _open_segment(self, index: int) -> None:
         """Open segment `index` (a rotated segment, or the active file), then close the old
@@ -185,7 +195,7 @@ class FileReader(InboxReader):
             os.close(self.fd)
         self.fd, self.segment = fd, index
         self.ino = os.fstat(fd).st_ino
-        self.decoder = LineSplitter(max_line=self.store.max_line)
+        self.decoder = LineSplitter(max_line=self.store.max_line, segment=index)
 
     def _rotated(self, size: int) -> bool:
         """True if our segment was rotated away. Rotation happens only to a file that reached
@@ -197,19 +207,18 @@ class FileReader(InboxReader):
         except FileNotFoundError:
             return False  # the log was deleted: the next read reports it
 
-    def read(self) -> tuple[int, list[Frame]]:
+    def read_nowait(self) -> list[Entry]:
         try:
             return self._read()
         except OSError as exc:
             raise translate(exc, f"read {self.paths.name}'s inbox") from None
 
-    def _read(self) -> tuple[int, list[Frame]]:
+    def _read(self) -> list[Entry]:
         offset = self.decoder.offset
         st = os.fstat(self.fd)
         size = st.st_size
         if size > offset:
-            data = os.pread(self.fd, min(size - offset, READ_CHUNK), offset)
-            return self.segment, self.decoder.feed(data)
+            return self.decoder.feed(os.pread(self.fd, min(size - offset, READ_CHUNK), offset))
         if size < offset:
             raise self._corrupt(
                 self.paths.segment(self.segment)
@@ -220,16 +229,15 @@ class FileReader(InboxReader):
         if st.st_nlink == 0:
             raise self._corrupt(self.paths.log, "was deleted or replaced while it was read")
         if not self._rotated(size) or not self.paths.segment(self.segment).exists():
-            return self.segment, []
+            return []
         # rotated: no writer touches this segment any more; read what is left, then move on
         size = os.fstat(self.fd).st_size
         if size > offset:
-            return self.segment, self.decoder.feed(os.pread(self.fd, size - offset, offset))
+            return self.decoder.feed(os.pread(self.fd, size - offset, offset))
         leftover = self.decoder.flush()
-        segment = self.segment
-        self._open_segment(segment + 1)
+        self._open_segment(self.segment + 1)
         if leftover is not None:  # rotation seals torn tails: only hand-edited files get here
-            return segment, [leftover]
+            return [leftover]
         return self._read()
 
     def has_new(self) -> bool:
@@ -240,7 +248,14 @@ class FileReader(InboxReader):
         except OSError:
             return True
 
-    def commit(self, cursor: Cursor) -> None:
+    async def commit(self, cursor: Cursor) -> None:
+        """See `_commit`; in `fsync` mode the commit runs in a worker thread."""
+        if self.store.durability == "fsync":
+            await anyio.to_thread.run_sync(self._commit, cursor)
+        else:
+            self._commit(cursor)
+
+    def _commit(self, cursor: Cursor) -> None:
         """Overwrite the older of the cursor file's two slots (one pwrite of one page).
 
         No rename: on ext4 a rename over an existing file forces a flush that stalls every
@@ -260,7 +275,7 @@ class FileReader(InboxReader):
                 cursor.ahead,
                 tail_crc(self._fd_of(cursor.segment), cursor.offset),
             )
-            slot = cursor.encode_slot(gen, self._slot_size)
+            slot = encode_slot(cursor, gen, self._slot_size)
             if slot is None or self._cursor_fd < 0:
                 self._recreate_cursor_file(cursor, gen)
             else:
@@ -273,7 +288,7 @@ class FileReader(InboxReader):
             raise translate(exc, what) from None
         self._cursor_gen = gen
 
-    def changed_elsewhere(self) -> bool:
+    async def changed_elsewhere(self) -> bool:
         try:
             return read_cursor(self.paths.cursor)[1] != self._cursor_gen
         except OSError:
@@ -294,7 +309,7 @@ class FileReader(InboxReader):
     def _recreate_cursor_file(self, cursor: Cursor, gen: int) -> None:
         """First commit, or a cursor that outgrew its slots: write a new file, rename it in."""
         size = self._slot_size
-        while (slot := cursor.encode_slot(gen, size)) is None:
+        while (slot := encode_slot(cursor, gen, size)) is None:
             size *= 2
         replace_file(
             self.paths.cursor,
@@ -307,13 +322,14 @@ class FileReader(InboxReader):
         self._cursor_fd = os.open(self.paths.cursor, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         self._slot_size = size
 
-    def quarantine(self, segment: int, item: Corrupt) -> None:
-        if (segment, item.offset) <= self._quarantined_upto:
+    async def quarantine(self, item: Corrupt) -> None:
+        segment, offset = item.at
+        if item.at <= self._quarantined_upto:
             return
         entry = {
             "segment": segment,
-            "offset": item.offset,
-            "end": item.end,
+            "offset": offset,
+            "end": item.end[1],
             "reason": item.reason,
             "ts": time.time(),
             "raw": item.raw.decode("utf-8", "backslashreplace"),
@@ -327,7 +343,7 @@ class FileReader(InboxReader):
                 os.close(fd)
         except OSError as exc:
             raise translate(exc, f"quarantine a line of {self.paths.name}'s inbox") from None
-        self._quarantined_upto = (segment, item.offset)
+        self._quarantined_upto = item.at
 
     def _last_quarantined(self) -> tuple[int, int]:
         try:

@@ -34,10 +34,12 @@ from teamrt.mail.filestore.fileio import (
     translate,
     write_all,
 )
+from teamrt.mail.filestore.framing import LineSplitter, encode_slot
 from teamrt.mail.filestore.paths import InboxPaths, same_file
 from teamrt.mail.filestore.reader import CURSOR_SLOT, read_cursor, tail_crc
 from teamrt.mail.filestore.store import FileStore
-from teamrt.mail.log import Cursor, LineSplitter
+from teamrt.mail.log import Cursor
+from teamrt.mail.store import run_local
 
 
 @dataclass
@@ -79,7 +81,7 @@ def _lines(path: Path) -> list[tuple[int, int, bytes]]:
     out = []
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
-            out += [(offset, end, raw) for offset, end, raw, _ in splitter.feed(chunk)]
+            out += [(e.at[1], e.end[1], e.raw) for e in splitter.feed(chunk)]
     return out
 
 
@@ -105,7 +107,9 @@ def repair_inbox(store: FileStore, name: str) -> InboxRepair:
         raise UnknownRecipient(f"no member {name!r} in team {store.team!r}")
     report = InboxRepair(name)
     paths = store.inbox_paths(name)
-    lease = store.acquire_lease(name, f"pid {os.getpid()}, teamrt repair")
+    lease = run_local(
+        store.acquire_lease(name, f"pid {os.getpid()}, teamrt repair"), "a file lease"
+    )
     try:
         flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
         lock_fd = os.open(paths.lock, flags, store.file_mode)
@@ -118,7 +122,7 @@ def repair_inbox(store: FileStore, name: str) -> InboxRepair:
     except OSError as exc:
         raise translate(exc, f"repair {name}'s inbox") from None
     finally:
-        lease.release()
+        run_local(lease.release(), "a file lease")
     return report
 
 
@@ -174,7 +178,7 @@ def _repair_cursor(store: FileStore, paths: InboxPaths, report: InboxRepair) -> 
     finally:
         os.close(fd)
     slot_size = CURSOR_SLOT
-    while (slot := new.encode_slot(max(gen, 0) + 1, slot_size)) is None:
+    while (slot := encode_slot(new, max(gen, 0) + 1, slot_size)) is None:
         slot_size *= 2
     replace_file(paths.cursor, slot + slot, durable=True, mode=store.file_mode)
     report.cursor_after = (new.segment, new.offset)

@@ -39,7 +39,15 @@ from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import FileReader
 from teamrt.mail.filestore.watch import dispatch_forever
 from teamrt.mail.log import DEFAULT_MAX_LINE, Cursor
-from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, LEASE_STALE_AFTER, Durability, Store
+from teamrt.mail.store import (
+    DEFAULT_MAX_ENVELOPE,
+    LEASE_STALE_AFTER,
+    Capabilities,
+    Durability,
+    LeaseRecord,
+    Store,
+    TeamView,
+)
 from teamrt.names import validate_name
 
 ROSTER_FORMAT = 1
@@ -84,6 +92,13 @@ def _lock_exclusive(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+def _describe(fd: int, holder: str) -> None:
+    """Write who holds a lease into its file (for the error the next claimant sees)."""
+    with contextlib.suppress(OSError):  # only a description: a full disk must not stop us
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{holder}\n".encode(), 0)
+
+
 def _shared_from_env() -> bool:
     return os.environ.get("TEAMRT_SHARED_GROUP", "") not in ("", "0")
 
@@ -96,6 +111,8 @@ class FileStore(Store):
     writable by nobody else; `shared_group=True` (or `TEAMRT_SHARED_GROUP=1`) accepts a team
     directory shared by one group instead (group-writable, never world-writable).
     """
+
+    capabilities = Capabilities(shared=True, opens_locally=True, leases_die_with_process=True)
 
     def __init__(
         self,
@@ -124,7 +141,6 @@ class FileStore(Store):
         self.dir_mode = SHARED_DIR_MODE if self.shared_group else DIR_MODE
         self.file_mode = SHARED_FILE_MODE if self.shared_group else FILE_MODE
         self.needs_polling = not inotify.available()
-        self.blocking_commits = durability == "fsync"  # a plain commit is one pwrite
         self._roster: tuple[str, ...] = ()
         self._roster_mtime = -1
         self._appenders: dict[str, Appender] = {}
@@ -174,6 +190,9 @@ class FileStore(Store):
                 raise
             raise translate(exc, f"open team directory {self.path}") from None
         self._update_roster(members)
+
+    async def members_now(self) -> tuple[str, ...]:
+        return self.members(refresh=True)
 
     def members(self, *, refresh: bool = False) -> tuple[str, ...]:
         if refresh:
@@ -314,7 +333,12 @@ class FileStore(Store):
         except OSError as exc:
             raise translate(exc, f"open {name}'s inbox") from None
 
-    def tail_reader(self, name: str) -> FileReader:
+    def view(self) -> TeamView:
+        from teamrt.mail.filestore.view import FileView
+
+        return FileView(self.path)
+
+    async def tail_reader(self, name: str) -> FileReader:
         reader = self.reader(name)
         paths = reader.paths
         try:
@@ -395,9 +419,10 @@ class FileStore(Store):
 
     # -- leases --
 
-    def _lock_member(self, name: str, holder: str) -> object:
+    async def _lock_member(self, name: str, holder: str) -> tuple[object, int]:
         """An flock on `agents/<name>.lease`, held for as long as the member runs; the file
-        names the holder (pid and incarnation) for the error the next claimant sees."""
+        names the holder (pid and incarnation) for the error the next claimant sees. The flock
+        is its own fence (it dies with its process), so the fencing token is 0."""
         validate_name(name)
         if name not in self._roster and name not in self.members(refresh=True):
             raise UnknownRecipient(f"no member {name!r} in team {self.team!r}")
@@ -421,23 +446,23 @@ class FileStore(Store):
             raise MemberBusy(
                 f"member {name!r} of team {self.team!r} is already running ({current})"
             ) from None
-        self._describe_holder(fd, holder)
-        return fd
+        _describe(fd, holder)
+        return fd, 0
 
-    def _describe_holder(self, token: object, holder: str) -> None:
-        assert isinstance(token, int)
-        with contextlib.suppress(OSError):  # only a description: a full disk must not stop us
-            os.ftruncate(token, 0)
-            os.pwrite(token, f"{holder}\n".encode(), 0)
+    async def _describe_holder(self, record: LeaseRecord, holder: str) -> None:
+        assert isinstance(record.token, int)
+        _describe(record.token, holder)
 
-    def _unlock_member(self, token: object) -> None:
-        assert isinstance(token, int)
-        os.ftruncate(token, 0)
-        os.close(token)  # closing drops the flock; the file stays
+    async def _unlock_member(self, record: LeaseRecord) -> None:
+        fd = record.token
+        assert isinstance(fd, int)
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        os.close(fd)  # closing drops the flock; the file stays
 
     # -- the budget ledger: budget.json, read-modified-written under budget.lock --
 
-    def ledger_update(
+    async def ledger_update(
         self, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]
     ) -> dict[str, Any] | None:
         path = self.path / "budget.json"
@@ -449,7 +474,7 @@ class FileStore(Store):
             )
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a model call's worth of work: brief
-                current = self.ledger_read()
+                current = self._ledger_read()
                 ledger = change(current)
                 if ledger is None:
                     return current
@@ -461,7 +486,10 @@ class FileStore(Store):
         except OSError as exc:
             raise translate(exc, "update the team's budget ledger") from None
 
-    def ledger_read(self) -> dict[str, Any] | None:
+    async def ledger_read(self) -> dict[str, Any] | None:
+        return self._ledger_read()
+
+    def _ledger_read(self) -> dict[str, Any] | None:
         try:
             fd = os.open(self.path / "budget.json", O_READ)
         except FileNotFoundError:
@@ -481,7 +509,7 @@ class FileStore(Store):
             ) from None
         return ledger if isinstance(ledger, dict) else None
 
-    def member_alive(self, name: str) -> bool | None:
+    async def member_alive(self, name: str) -> bool | None:
         """See `Store.member_alive`: the lease file's flock says whether a process holds it,
         its modification time is the holder's heartbeat, and a missing file means the member
         never ran here."""
@@ -496,8 +524,9 @@ class FileStore(Store):
             return False if path.exists() else None
         return time.time() - held[1] < LEASE_STALE_AFTER
 
-    def heartbeat(self) -> None:
-        for record in list(self._lease_table().values()):
+    async def renew_leases(self) -> None:
+        """Refresh the heartbeat (the lease file's modification time) of every lease held."""
+        for record in self.held_leases():
             if isinstance(record.token, int):
                 with contextlib.suppress(OSError):  # a heartbeat must never fail a process
                     os.utime(record.token)

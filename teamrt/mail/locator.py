@@ -1,0 +1,106 @@
+"""Where a team lives: a directory means files, a `redis://` or `rediss://` URL means Redis.
+
+The one place above the stores that turns a locator into a concrete store, so that the CLI, the
+demos and applications take either and nothing else names a store class:
+
+    async with open_mailboxes("mailboxes/demo", members=["lead", "writer"]) as mail: ...
+    async with open_mailboxes("redis://127.0.0.1:6379/0?team=demo") as mail: ...
+
+`TEAMRT_STORE` names the default locator for the commands that take one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from teamrt.errors import UsageError
+from teamrt.mail.mailboxes import DEFAULT_RESCAN_INTERVAL, Mailboxes
+from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Store, TeamView
+
+Locator = str | os.PathLike[str]
+URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def is_url(locator: Locator) -> bool:
+    """True if `locator` names a network store rather than a team directory."""
+    return isinstance(locator, str) and locator.startswith(URL_SCHEMES)
+
+
+def from_env(locator: Locator | None) -> Locator:
+    """`locator`, or `TEAMRT_STORE` when it is None."""
+    if locator is not None:
+        return locator
+    value = os.environ.get("TEAMRT_STORE")
+    if not value:
+        raise UsageError("no team given: pass a team directory or a store URL, or set TEAMRT_STORE")
+    return value
+
+
+def describe(locator: Locator) -> str:
+    """`locator` for messages, without a password a URL may carry."""
+    if not is_url(locator):
+        return str(locator)
+    text = str(locator)
+    scheme, _, rest = text.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if at and ":" in credentials:
+        return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
+    return text
+
+
+def open_store(
+    locator: Locator,
+    *,
+    durability: Durability = "none",
+    max_envelope: int = DEFAULT_MAX_ENVELOPE,
+    create: bool = True,
+    **options: Any,
+) -> Store:
+    """A store for the team at `locator` (not opened yet: `Mailboxes` opens it). `options` go
+    to the store's constructor (`segment_bytes`, `shared_group` for files; `lease_ttl` for
+    Redis)."""
+    if is_url(locator):
+        try:  # an optional extra: imported only for a Redis team
+            redisstore = importlib.import_module("teamrt.mail.redisstore")
+        except ImportError as exc:
+            raise UsageError(
+                f"{describe(locator)} is a Redis team, and the Redis client is not installed "
+                f"({exc}): install teamrt with the redis extra, pip install 'teamrt[redis]'"
+            ) from None
+        store: Store = redisstore.RedisStore(
+            str(locator), durability=durability, max_envelope=max_envelope, **options
+        )
+        return store
+    from teamrt.mail.filestore.store import FileStore
+
+    return FileStore(
+        Path(locator), durability=durability, max_envelope=max_envelope, create=create, **options
+    )
+
+
+def open_view(locator: Locator) -> TeamView:
+    """A read-only view of the team at `locator`, for tools (it must exist)."""
+    return open_store(locator, create=False).view()
+
+
+def open_mailboxes(
+    locator: Locator,
+    *,
+    members: Iterable[str] = (),
+    durability: Durability = "none",
+    key: str | bytes | None = None,
+    create: bool = True,
+    rescan_interval: float = DEFAULT_RESCAN_INTERVAL,
+    max_envelope: int = DEFAULT_MAX_ENVELOPE,
+    **options: Any,
+) -> Mailboxes:
+    """`Mailboxes` for the team at `locator` (a directory, or a store URL); use with
+    `async with`."""
+    store = open_store(
+        locator, durability=durability, max_envelope=max_envelope, create=create, **options
+    )
+    return Mailboxes(store, members=members, rescan_interval=rescan_interval, key=key)
