@@ -4,15 +4,20 @@ a server killed, paused or restarted without its data, the view and the export."
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import redis
 
-from teamrt.envelopes import Envelope
+from teamrt.envelopes import Envelope, Message
 from teamrt.errors import (
     DurabilityError,
     EnvelopeTooLarge,
@@ -26,7 +31,11 @@ from teamrt.errors import (
     UnknownRecipient,
     UsageError,
 )
+from teamrt.mail.filestore import FileStore
+from teamrt.mail.filestore.export import export_team
+from teamrt.mail.inspect import inspect_team
 from teamrt.mail.log import AckTracker, Corrupt, Cursor, decode_line, encode, stamp
+from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore, RedisView, parse_locator, reader, view
 from teamrt.mail.redisstore.keys import TeamKeys
 from tests.redis_server import RedisServer, redis_server, shared_redis
@@ -460,6 +469,8 @@ async def test_a_paused_server_fails_sends_then_recovers_without_loss_or_duplica
         rd = s.reader("worker")
         await rd.start()
         await s.append("worker", encode(sent[0]))
+        arrived = rd.read_nowait()  # this process's own send, at once
+        assert len(arrived) == 1
         with redis_server.outage():
             for envelope in sent[1:4]:
                 try:
@@ -477,7 +488,8 @@ async def test_a_paused_server_fails_sends_then_recovers_without_loss_or_duplica
         delivered: list[Any] = []
         with anyio.fail_after(10):
             while len(delivered) < len(sent):
-                entries = rd.read_nowait() or await rd.fetch()
+                entries = arrived or rd.read_nowait() or await rd.fetch()
+                arrived = []
                 for entry in entries:
                     got = _envelope(entry.raw)
                     if tracker.deliver(got.id, entry.end, got.seq):
@@ -492,6 +504,145 @@ async def test_a_paused_server_fails_sends_then_recovers_without_loss_or_duplica
     await s.close()
 
 
+async def test_a_paused_server_between_two_processes_loses_and_doubles_nothing(
+    redis_server: RedisServer,
+) -> None:
+    """Two store objects (as two processes would): the receiver waits in receive() while the
+    server is stopped; the sender's failed sends are retried with the same envelopes after it
+    resumes; the application gets every envelope once, in order."""
+    url = redis_server.url("outage")
+
+    def store() -> RedisStore:
+        return RedisStore(url, socket_timeout=0.3, connect_timeout=0.3)
+
+    sent = [Envelope.message("lead", "worker", i) for i in range(8)]
+    failed: list[Message] = []
+    received: list[Any] = []
+    async with (
+        Mailboxes(store(), members=["lead", "worker"], send_retry=0) as sender,
+        Mailboxes(store(), send_retry=0) as receiver,
+    ):
+        inbox = await receiver.open_inbox("worker")
+
+        all_received = anyio.Event()
+
+        async def receive_all() -> None:
+            while len(received) < len(sent):
+                envelope = await inbox.receive()
+                received.append(envelope.body)
+                await inbox.ack(envelope)
+            all_received.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(receive_all)
+            await sender.send(sent[0])
+            with redis_server.outage():
+                for envelope in sent[1:5]:
+                    try:
+                        await sender.send(envelope)
+                    except (StoreUnavailable, OutcomeUnknown):
+                        failed.append(envelope)
+            for again in [*failed, *failed[:1]]:  # again (one of them twice)
+                await sender.send(again)
+            for envelope in sent[5:]:
+                await sender.send(envelope)
+            with anyio.fail_after(20):
+                await all_received.wait()
+            tg.cancel_scope.cancel()
+        assert failed  # the outage was seen
+        assert sorted(received) == list(range(8))  # none lost, none twice
+        assert inbox.statistics().duplicates_dropped >= 1
+
+
+_PAUSED_CHILD = """
+import sys
+import anyio
+from teamrt.errors import LeaseLost
+from teamrt.mail.mailboxes import Mailboxes
+from teamrt.mail.redisstore import RedisStore
+
+async def main(url):
+    async with Mailboxes(RedisStore(url)) as mail:
+        inbox = await mail.open_inbox("worker")
+        print("holding", flush=True)
+        got = await inbox.receive()
+        print("got", got.body, flush=True)
+        await inbox._lease.lost.wait()  # renewed every second until another holder has it
+        try:
+            await inbox.ack(got)
+            print("acked", flush=True)
+        except LeaseLost:
+            print("refused", flush=True)
+        await inbox._close()
+
+try:
+    anyio.run(main, sys.argv[1])
+except BaseException as exc:
+    print("exit:", type(exc).__name__, flush=True)
+"""
+
+
+def _start_child(code: str, *args: str) -> subprocess.Popen[bytes]:
+    root = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+
+
+async def _eventually(check: Callable[[], bool], what: str) -> None:
+    """Wait (polling Redis, at most 20 s) until `check()` is true."""
+    with anyio.fail_after(20):
+        while True:
+            if check():
+                return
+            await anyio.sleep(0.05)
+
+
+async def test_an_agent_process_paused_past_its_lease_loses_it_to_a_successor(
+    redis_server: RedisServer,
+) -> None:
+    url = redis_server.url("paused-agent")
+    creator = RedisStore(url, lease_ttl=2.0)  # the team's time limit: 2 s without a renewal
+    await creator.open(["lead", "worker"])
+    child = _start_child(_PAUSED_CHILD, url)
+    assert child.stdout is not None
+    try:
+        with anyio.fail_after(20):
+            line = await anyio.to_thread.run_sync(child.stdout.readline)
+        assert line == b"holding\n"
+        await creator.append("worker", _message("job"))
+        with anyio.fail_after(20):
+            line = await anyio.to_thread.run_sync(child.stdout.readline)
+        assert line == b"got job\n"
+        view_ = creator.view()
+        child.send_signal(signal.SIGSTOP)  # the agent's process hangs past its time limit
+        await _eventually(lambda: view_.holder("worker") is None, "the lease to lapse")
+        successor = RedisStore(url)
+        async with Mailboxes(successor) as mail:
+            inbox = await mail.open_inbox("worker")  # takes the lease over
+            child.send_signal(signal.SIGCONT)
+            job = await inbox.receive(timeout=10)  # the job was never acked: it comes again
+            assert job.body == "job"
+            with anyio.fail_after(20):
+                told = await anyio.to_thread.run_sync(child.stdout.readline)
+            assert told == b"refused\n"  # the old incarnation cannot move the cursor
+            await inbox.ack(job)
+            assert view_.committed("worker").offset == 1
+            assert "inbox of worker" in (view_.holder("worker") or "")
+        view_.close()
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+        child.wait(10)
+        child.stdout.close()
+        await creator.close()
+
+
 async def test_a_server_restarted_without_its_data_is_refused(redis_server: RedisServer) -> None:
     url = redis_server.url("forgetful")
     s = RedisStore(url)
@@ -500,6 +651,7 @@ async def test_a_server_restarted_without_its_data_is_refused(redis_server: Redi
     lease = await s.acquire_lease("worker", "me")
     rd = s.reader("worker")
     await rd.start()
+    assert len(rd.read_nowait()) == 3  # what had arrived comes with the start
     await rd.commit(Cursor(0, 3, 2))
     redis_server.kill()
     redis_server.wipe()  # no append-only file: the server comes back empty
@@ -573,6 +725,51 @@ async def test_the_view_scans_a_team_in_pages(
         v.members()
     await lease.release()
     rd.close()
+
+
+async def test_export_writes_a_team_directory_the_file_tools_read(
+    store: RedisStore, tmp_path: Path
+) -> None:
+    messages = [Envelope.message("lead", "worker", i) for i in range(6)]
+    await store.append_many("worker", [encode(e) for e in messages])
+    await store.append("writer", _message("w", "writer"))
+    lease = await store.acquire_lease("worker", "exporter test")
+    rd = store.reader("worker")
+    await rd.start()
+    entries = await rd.fetch()
+    tracker = AckTracker(Cursor())
+    for entry in entries:
+        envelope = _envelope(entry.raw)
+        tracker.deliver(envelope.id, entry.end, envelope.seq)
+    for i in (0, 1, 3):  # 2, 4 and 5 stay unhandled; 3 is acked ahead
+        tracker.ack(messages[i].id)
+    await rd.commit(tracker.cursor())
+    await rd.quarantine(Corrupt(entries[5].at, entries[5].end, "a test's reason", b"bad"))
+    await lease.release()
+    rd.close()
+
+    dest = tmp_path / store.team
+    with RedisView(store.locator.url, team=store.team) as v:
+        counts = export_team(v, dest)
+        source = inspect_team(v)
+    assert counts == {"lead": 0, "worker": 6, "writer": 1}
+    # the inbox file is the stream's records, one line each
+    with RedisView(store.locator.url, team=store.team) as v:
+        lines = b"".join(e.raw + b"\n" for e in v.scan("worker"))
+    assert (dest / "inboxes" / "worker.jsonl").read_bytes() == lines
+    copy = inspect_team(dest)
+    assert [(r.name, r.depth, r.lag, r.quarantined) for r in copy.inboxes] == [
+        (r.name, r.depth, r.lag, r.quarantined) for r in source.inboxes
+    ]
+    assert copy.members == ["lead", "worker", "writer"]
+    # the file store delivers exactly what the Redis team's owner had not handled
+    async with Mailboxes(FileStore(dest, create=False)) as mail:
+        inbox = await mail.open_inbox("worker")
+        got: list[Any] = []
+        with anyio.fail_after(5):
+            while len(got) < 3:
+                got.append((await inbox.receive()).body)
+        assert got == [2, 4, 5]
 
 
 def test_the_sync_view_reports_an_unreachable_server(tmp_path: Any) -> None:

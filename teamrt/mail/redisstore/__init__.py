@@ -19,7 +19,6 @@ All of a team's keys share one Redis Cluster hash slot.
     watcher.py   the one blocking XREAD per process
     leases.py    leases with a time limit and fencing tokens; liveness
     view.py      RedisView: the read-only view for tools
-    export.py    a Redis team written out as an ordinary team directory
 
 Needs the optional extra `teamrt[redis]` (redis-py with hiredis) and a Redis 7 server.
 """

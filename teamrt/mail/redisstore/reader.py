@@ -108,6 +108,9 @@ class RedisReader(InboxReader):
         self._end = cursor.offset
         self._gap = False
         self._started = True
+        if end > cursor.offset:  # what has arrived already is there for read_nowait
+            self._buffer.extend(await self._read_page())
+            self._buffered_bytes = sum(len(entry.raw) for entry in self._buffer)
         store.watcher.attach(self)
         return cursor
 
@@ -138,6 +141,19 @@ class RedisReader(InboxReader):
         return cursor
 
     # -- reading --
+
+    def push_local(self, seq: int, entry: Entry) -> None:
+        """An entry this store object appended: taken if it is the next one (read your own
+        writes at once; anything else the watcher brings in order)."""
+        if (
+            seq == self._end
+            and not self._closed
+            and len(self._buffer) < MAX_BUFFERED
+            and self._buffered_bytes < MAX_BUFFERED_BYTES
+        ):
+            self._buffer.append(entry)
+            self._buffered_bytes += len(entry.raw)
+            self._end = seq + 1
 
     def push(self, seq: int, entry: Entry) -> None:
         """Called by the watcher with each entry it read, in order."""
@@ -170,6 +186,18 @@ class RedisReader(InboxReader):
     async def fetch(self) -> list[Entry]:
         if self._buffer and not self._gap:
             return self.read_nowait()
+        page = await self._read_page()
+        out = list(self._buffer)
+        out += page
+        self._buffer.clear()
+        self._buffered_bytes = 0
+        if self._gap:
+            self._gap = False
+            self._store.watcher.rewind(self)
+        return out
+
+    async def _read_page(self) -> list[Entry]:
+        """The next page of entries after `_end` (XRANGE behind the epoch); moves `_end`."""
         store = self._store
         replies = await store.client.pipeline(
             [
@@ -180,18 +208,13 @@ class RedisReader(InboxReader):
             change=False,
         )
         store.check_epoch(replies[0])
-        out = list(self._buffer)
-        self._buffer.clear()
-        self._buffered_bytes = 0
+        out = []
         max_line = store.max_line
         for item in replies[1]:
             seq, entry = make_entry(item, max_line)
             if seq >= self._end:
                 out.append(entry)
                 self._end = seq + 1
-        if self._gap:
-            self._gap = False
-            store.watcher.rewind(self)
         return out
 
     def has_new(self) -> bool:

@@ -88,7 +88,8 @@ return first
 #: One broadcast to every member but the sender, all or none.
 #: KEYS: meta, next, members, then the inbox stream of every target in roster order.
 #: ARGV: epoch, team, sender, encoded, the roster the caller knows (names joined by ',').
-#: Returns {1, targets}, or {0, roster} when the caller's roster is out of date (nothing done).
+#: Returns {1, targets, their seqs}, or {0, roster, {}} when the caller's roster is out of date
+#: (nothing done).
 BROADCAST = Script(
     "broadcast",
     """#!lua
@@ -96,7 +97,7 @@ BROADCAST = Script(
     + _EPOCH
     + """
 local roster = redis.call('LRANGE', KEYS[3], 0, -1)
-if table.concat(roster, ',') ~= ARGV[5] then return {0, roster} end
+if table.concat(roster, ',') ~= ARGV[5] then return {0, roster, {}} end
 local targets, seqs = {}, {}
 for _, name in ipairs(roster) do
   if name ~= ARGV[3] then targets[#targets + 1] = name end
@@ -119,7 +120,7 @@ for i, name in ipairs(targets) do
              string.format('{"seq":%d', seq) .. mid)
   redis.call('HSET', KEYS[2], name, string.format('%d', seq + 1))
 end
-return {1, targets}
+return {1, targets, seqs}
 """,
 )
 

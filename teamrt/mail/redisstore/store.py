@@ -315,6 +315,7 @@ class RedisStore(Store):
             )
         except ResponseError as exc:
             raise self.script_error(exc, recipient, what) from None
+        self.watcher.appended(recipient, int(first), encoded)
         return int(first)
 
     async def append_broadcast(self, sender: str, encoded: bytes) -> tuple[str, ...]:
@@ -330,7 +331,7 @@ class RedisStore(Store):
             roster = self._roster
             targets = [name for name in roster if name != sender]
             try:
-                ok, names = await self.client.script(
+                ok, names, seqs = await self.client.script(
                     scripts.BROADCAST,
                     [keys.meta, keys.next, keys.members, *(keys.inbox(n) for n in targets)],
                     [self.epoch, self.team, sender, encoded, ",".join(roster)],
@@ -340,6 +341,8 @@ class RedisStore(Store):
                 raise self.script_error(exc, sender, what) from None
             found = tuple(name.decode() for name in names)
             if int(ok) == 1:
+                for name, seq in zip(found, seqs, strict=True):
+                    self.watcher.appended(name, int(seq), (encoded,))
                 return found
             self._roster = found  # members joined since: again with the server's roster
         raise StoreError(f"{what}: the roster kept changing; nothing was sent")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -33,6 +33,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from teamrt.errors import StoreCorrupt, StoreError, UsageError
+from teamrt.mail.log import Entry, stamp
 from teamrt.mail.redisstore import scripts
 from teamrt.mail.redisstore.reader import make_entry
 
@@ -92,6 +93,19 @@ class Watcher:
                 del self._readers[reader.name]
                 if reader.name not in self._watched:
                     self._from.pop(reader.name, None)  # dropped at the next round
+
+    def appended(self, name: str, first: int, encoded: Sequence[bytes]) -> None:
+        """Records this store object just appended to `name`'s inbox (seq `first` on), handed
+        to its local readers at once: a process reads its own writes without a round trip."""
+        readers = self._readers.get(name)
+        if not readers:
+            return
+        team = self._store.team.encode()
+        for i, item in enumerate(encoded):
+            seq = first + i
+            entry = Entry(stamp(item, seq, team)[:-1], (0, seq), (0, seq + 1))
+            for reader in readers:
+                reader.push_local(seq, entry)
 
     def _changed(self) -> None:
         if self._in_flight:
