@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskStatus
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -180,11 +181,9 @@ class Watcher:
                 ids = [self._control_last, *(b"0-%d" % p for p in sent.values())]
                 command = ("XREAD", "COUNT", READ_COUNT, "BLOCK", BLOCK_MS, "STREAMS")
                 self._in_flight = True
-                await client.connect(conn, "watch the inboxes")
-                await conn.send_packed_command(
-                    conn.pack_commands([("HGET", keys.meta, "epoch"), (*command, *streams, *ids)]),
-                    check_health=False,
-                )
+                if not conn.is_connected:
+                    await client.connect(conn, "watch the inboxes")
+                await client.write(conn, [("HGET", keys.meta, "epoch"), (*command, *streams, *ids)])
                 self.rounds += 1
                 try:
                     store.check_epoch(await conn.read_response())
@@ -223,6 +222,9 @@ class Watcher:
                     self._deliver(reply, sent, notify)
                 except StoreCorrupt as exc:
                     return exc
+                # let the readers just woken run before the next read is sent: their answers
+                # go out first, and the read is written while they wait for theirs
+                await anyio.lowlevel.checkpoint()
 
     def _deliver(
         self, reply: list[Any], sent: dict[str, int], notify: Callable[[str], None]
