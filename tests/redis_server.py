@@ -53,6 +53,10 @@ class RedisServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.paused = False
 
+    @property
+    def socket(self) -> Path:
+        return self.directory / "redis.sock"
+
     def url(self, team: str | None = None) -> str:
         team = team or f"t{uuid.uuid4().hex[:12]}"
         return f"redis://127.0.0.1:{self.port}/0?team={team}"
@@ -70,6 +74,8 @@ class RedisServer:
             "save": "",
             "daemonize": "no",
             "logfile": str(self.directory / "redis.log"),
+            "unixsocket": str(self.socket),
+            "unixsocketperm": "700",
         }
         self.process = subprocess.Popen(
             [

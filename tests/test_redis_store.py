@@ -112,6 +112,14 @@ def test_locators() -> None:
         parse_locator("redis://h/0?team=../x")
     with pytest.raises(UsageError, match="not a Redis locator"):
         parse_locator("/tmp/team")
+    unix = parse_locator("unix:///run/redis/redis.sock?db=3&team=t&prefix=p")
+    assert (unix.host, unix.port, unix.db, unix.address) == (
+        "/run/redis/redis.sock",
+        0,
+        3,
+        "/run/redis/redis.sock",
+    )
+    assert unix.shown == "unix:///run/redis/redis.sock?db=3&team=t" and "prefix" not in unix.url
     keys = TeamKeys("teamrt", "research")
     assert keys.inbox("lead") == "teamrt:{research}:inbox:lead"
     assert keys.inbox_name(keys.inbox("lead").encode()) == "lead"
@@ -130,6 +138,20 @@ async def test_records_are_the_file_stores_lines_with_ids_that_follow_seq(
     # the bytes a file store would write, without the newline: export is concatenation
     assert [e[1][b"d"] for e in entries] == [stamp(x, i, team)[:-1] for i, x in enumerate(items)]
     assert await store.append_many("worker", []) == -1
+
+
+async def test_a_team_over_a_unix_socket(shared_redis: RedisServer) -> None:
+    url = f"unix://{shared_redis.socket}?team=local"
+    s = RedisStore(url)
+    await s.open(["lead", "worker"])
+    assert await s.append("worker", _message(1)) == 0
+    rd = s.reader("worker")
+    await rd.start()
+    assert [_envelope(e.raw).body for e in rd.read_nowait()] == [1]
+    with RedisView(url) as v:
+        assert v.end("worker") == (0, 1)
+    rd.close()
+    await s.close()
 
 
 async def test_membership_names_and_limits(store: RedisStore, shared_redis: RedisServer) -> None:

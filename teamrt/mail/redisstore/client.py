@@ -23,7 +23,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
-from redis.asyncio.connection import Connection, SSLConnection, parse_url
+from redis.asyncio.connection import (
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+    parse_url,
+)
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AuthenticationError,
@@ -64,11 +69,12 @@ def connection_kwargs(
     """The connection class and keyword arguments for redis-py, with its retries off."""
     kwargs: dict[str, Any] = dict(parse_url(locator.url))
     connection_class = kwargs.pop("connection_class", Connection)
-    if connection_class not in (Connection, SSLConnection):
+    if connection_class not in (Connection, SSLConnection, UnixDomainSocketConnection):
         raise StoreError(f"unsupported Redis connection in {locator.shown}")
     kwargs.setdefault("socket_timeout", socket_timeout)
     kwargs.setdefault("socket_connect_timeout", connect_timeout)
-    kwargs.setdefault("socket_keepalive", True)
+    if connection_class is not UnixDomainSocketConnection:
+        kwargs.setdefault("socket_keepalive", True)
     kwargs["retry"] = Retry(NoBackoff(), 0)
     kwargs["driver_info"] = None  # no CLIENT SETINFO round trips on connect
     kwargs["protocol"] = 2  # no HELLO round trip; the replies' shapes are RESP2's

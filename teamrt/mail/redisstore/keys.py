@@ -28,11 +28,12 @@ from teamrt.errors import UsageError
 from teamrt.names import validate_name
 
 DEFAULT_PREFIX = "teamrt"
-SCHEMES = ("redis", "rediss")
+SCHEMES = ("redis", "rediss", "unix")
 
 
 def is_redis_locator(locator: object) -> bool:
-    """True if `locator` is a string naming a Redis team (`redis://` or `rediss://`)."""
+    """True if `locator` is a string naming a Redis team (`redis://`, `rediss://`, or
+    `unix:///path/to/redis.sock?db=N&team=NAME`)."""
     return isinstance(locator, str) and locator.partition("://")[0] in SCHEMES
 
 
@@ -54,7 +55,7 @@ class Locator:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return self.host if self.port == 0 else f"{self.host}:{self.port}"  # port 0: a socket
 
 
 def parse_locator(url: str, *, team: str | None = None, prefix: str | None = None) -> Locator:
@@ -83,6 +84,13 @@ def parse_locator(url: str, *, team: str | None = None, prefix: str | None = Non
     chosen_prefix = prefix if prefix is not None else (url_prefix or DEFAULT_PREFIX)
     if not chosen_prefix or any(c in chosen_prefix for c in "{}: \n"):
         raise UsageError(f"invalid key prefix {chosen_prefix!r}: no braces, colons or spaces")
+    if parts.scheme == "unix":
+        db_text = dict(rest).get("db", "0")
+        if not parts.path or not db_text.isdigit():
+            raise UsageError(f"invalid Unix socket locator {_hide_password(url)!r}")
+        redis_url = f"unix://{parts.netloc}{parts.path}?{urlencode(rest)}"  # keeps the //
+        shown = f"unix://{parts.path}?{urlencode([('db', db_text), ('team', name)])}"
+        return Locator(redis_url, name, chosen_prefix, parts.path, 0, int(db_text), shown)
     try:
         port = parts.port or 6379
     except ValueError:

@@ -38,6 +38,7 @@ from teamrt.mail.store import (
     Durability,
     LeaseRecord,
     Store,
+    TeamView,
 )
 from teamrt.names import validate_name
 
@@ -364,7 +365,7 @@ class RedisStore(Store):
     def watch_inbox(self, name: str) -> None:
         self.watcher.watch_inbox(name)
 
-    def view(self) -> Any:
+    def view(self) -> TeamView:
         """A read-only, synchronous view of this team for tools (`RedisView`)."""
         from teamrt.mail.redisstore.view import RedisView
 
