@@ -293,7 +293,7 @@ class Store(ABC):
         """
         records = self._lease_table()
         record = records.get(name)
-        if record is None or record.lost.is_set():
+        if record is None or record.expired:
             if record is not None:  # lost: its holders keep their (lost) handles
                 del records[name]
             token, fence = await self._lock_member(name, holder)
@@ -306,7 +306,7 @@ class Store(ABC):
     def lease_held(self, name: str) -> bool:
         """True while this store object holds member `name`'s lease (and has not lost it)."""
         record = self._lease_table().get(name)
-        return record is not None and not record.lost.is_set()
+        return record is not None and not record.expired
 
     def held_leases(self) -> list[LeaseRecord]:
         return list(self._lease_table().values())
@@ -321,6 +321,7 @@ class Store(ABC):
     def _lease_lost(self, record: LeaseRecord) -> None:
         """Mark a lease lost (for stores whose leases expire): its holders are told through
         `Lease.lost`, and the next acquisition tries to take it afresh."""
+        record.expired = True
         record.lost.set()
 
     async def _release(self, record: LeaseRecord, holder: str) -> None:
@@ -330,7 +331,7 @@ class Store(ABC):
             return
         if self._lease_table().get(record.name) is record:
             del self._lease_table()[record.name]
-        if not record.lost.is_set():
+        if not record.expired:
             await self._unlock_member(record)
 
     @abstractmethod
@@ -354,7 +355,8 @@ class LeaseRecord:
     token: object  # what the store needs to release it
     fence: int  # the fencing token: grows with every acquisition of the member
     holders: list[str] = field(default_factory=list)
-    lost: anyio.Event = field(default_factory=anyio.Event)
+    lost: anyio.Event = field(default_factory=anyio.Event)  # set when expired turns True
+    expired: bool = False  # the store found another holder: this one may no longer act
 
 
 class Lease:
@@ -363,28 +365,28 @@ class Lease:
 
     def __init__(self, store: Store, record: LeaseRecord, holder: str) -> None:
         self._store: Store | None = store
-        self._record = record
+        self.record = record
         self._holder = holder
 
     @property
     def name(self) -> str:
-        return self._record.name
+        return self.record.name
 
     @property
     def fence(self) -> int:
         """The fencing token of this acquisition."""
-        return self._record.fence
+        return self.record.fence
 
     @property
     def lost(self) -> anyio.Event:
         """Set when the store found that this lease expired and another holder took it."""
-        return self._record.lost
+        return self.record.lost
 
     async def release(self) -> None:
         if self._store is not None:
             store, self._store = self._store, None
             with anyio.CancelScope(shield=True):
-                await store._release(self._record, self._holder)
+                await store._release(self.record, self._holder)
 
 
 def run_local(coroutine: Coroutine[Any, Any, T], what: str) -> T:
