@@ -8,7 +8,7 @@ import math
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,6 +182,7 @@ def timeline(
     keep: Filter | None = None,
     joiner: Joiner | None = None,
     agent_files: bool = False,
+    watch: Callable[[Iterator[Event]], Iterator[Event]] | None = None,
 ) -> Iterator[Event]:
     """Every inbox merged into one timeline (by send time), each event flagged as it passes;
     with `agent_files`, the agents' stop, crash and cancel lines and the conductor's decisions
@@ -192,7 +193,9 @@ def timeline(
     `unanswered` (and `timed out` when their deadline has passed) and listed in
     `summary.unanswered`, unless a `joiner` is given: then they stay open in it, for the
     caller to go on and `finish` (see `finish`). `positions` receives where each inbox's
-    reading stopped (for following the files afterwards).
+    reading stopped (for following the files afterwards). `watch`, if given, wraps the stream
+    of every event read, before `keep` chooses (`teamrt replay` counts what it has read with it,
+    to show its progress); without one nothing is added per event.
     """
     root = Path(team_dir)
     summary = summary if summary is not None else Summary()
@@ -205,6 +208,8 @@ def timeline(
     merged: Iterator[Event] = heapq.merge(*streams, key=lambda e: e.ts)
     if agent_files:
         merged = with_decisions(merged, root)
+    if watch is not None:
+        merged = watch(merged)
     join = joiner if joiner is not None else Joiner()
     for event in merged:
         join.feed(event)
