@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -321,8 +321,7 @@ class Store(ABC):
     def _lease_lost(self, record: LeaseRecord) -> None:
         """Mark a lease lost (for stores whose leases expire): its holders are told through
         `Lease.lost`, and the next acquisition tries to take it afresh."""
-        record.expired = True
-        record.lost.set()
+        record.expire()
 
     async def _release(self, record: LeaseRecord, holder: str) -> None:
         record.holders.remove(holder)
@@ -347,16 +346,32 @@ class Store(ABC):
     async def _unlock_member(self, record: LeaseRecord) -> None: ...
 
 
-@dataclass(eq=False)
 class LeaseRecord:
     """One lease a store object holds, shared by its holders in this process."""
 
-    name: str
-    token: object  # what the store needs to release it
-    fence: int  # the fencing token: grows with every acquisition of the member
-    holders: list[str] = field(default_factory=list)
-    lost: anyio.Event = field(default_factory=anyio.Event)  # set when expired turns True
-    expired: bool = False  # the store found another holder: this one may no longer act
+    __slots__ = ("_lost", "expired", "fence", "holders", "name", "token")
+
+    def __init__(self, name: str, token: object, fence: int) -> None:
+        self.name = name
+        self.token = token  # what the store needs to release it
+        self.fence = fence  # the fencing token: grows with every acquisition of the member
+        self.holders: list[str] = []
+        self.expired = False  # the store found another holder: this one may no longer act
+        self._lost: anyio.Event | None = None  # made on first use, inside an event loop
+
+    @property
+    def lost(self) -> anyio.Event:
+        """Set once `expired` turns True."""
+        if self._lost is None:
+            self._lost = anyio.Event()
+            if self.expired:
+                self._lost.set()
+        return self._lost
+
+    def expire(self) -> None:
+        self.expired = True
+        if self._lost is not None:
+            self._lost.set()
 
 
 class Lease:
@@ -383,10 +398,11 @@ class Lease:
         return self.record.lost
 
     async def release(self) -> None:
+        """Give the lease up (once; again is harmless). A release cut short by cancellation
+        leaves a lease that dies with its process or expires, as every lease does."""
         if self._store is not None:
             store, self._store = self._store, None
-            with anyio.CancelScope(shield=True):
-                await store._release(self.record, self._holder)
+            await store._release(self.record, self._holder)
 
 
 def run_local(coroutine: Coroutine[Any, Any, T], what: str) -> T:
