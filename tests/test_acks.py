@@ -52,7 +52,7 @@ def _restart_delivers(tracker: AckTracker, ids: list[str]) -> list[str]:
         end = (i + 1) * 10
         if (0, end) <= (cursor.segment, cursor.offset):
             continue
-        if again.deliver(id_, (0, end), i):
+        if again.deliver(id_, 0, end, i):
             out.append(id_)
     return out
 
@@ -64,7 +64,7 @@ def test_any_ack_order_redelivers_exactly_the_unacked(data: st.DataObject) -> No
     ids = [f"id{i}" for i in range(n)]
     tracker = AckTracker(Cursor(), max_runs=data.draw(st.integers(1, 8)))
     for i, id_ in enumerate(ids):
-        assert tracker.deliver(id_, (0, (i + 1) * 10), i)
+        assert tracker.deliver(id_, 0, (i + 1) * 10, i)
     acked = data.draw(st.lists(st.sampled_from(ids), unique=True))
     for id_ in acked:
         assert tracker.ack(id_)

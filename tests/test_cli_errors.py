@@ -192,6 +192,23 @@ def test_a_person_outside_the_roster_says_so_and_text_is_a_string(place: Path) -
     assert '"sender":"operator"' in line and '"body":"stop now"' in line
 
 
+def test_a_message_for_the_user_from_inside_a_task_group_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # e.g. `teamrt demo service` without the service extra: SystemExit with a sentence, raised
+    # in the command's task group, reaches the runner inside an exception group
+    from teamrt.cli.runner import execute
+
+    async def needs_an_extra(args: object) -> int:
+        raise SystemExit("the demo needs the service extra: pip install 'teamrt[service]'")
+
+    args = build_parser().parse_args(["demo", "service"])
+    args.run = needs_an_extra
+    assert execute(args) == 1
+    err = capsys.readouterr().err
+    assert err == "teamrt demo: the demo needs the service extra: pip install 'teamrt[service]'\n"
+
+
 def test_version_and_log_level() -> None:
     from teamrt import __version__
 

@@ -116,9 +116,9 @@ def test_decode_line_reasons() -> None:
 def test_ack_tracker_commits_only_the_handled_prefix() -> None:
     tracker = AckTracker(Cursor())
     for i, end in enumerate((10, 20, 30, 40)):
-        assert tracker.deliver(f"id{i}", (0, end), i)
+        assert tracker.deliver(f"id{i}", 0, end, i)
     tracker.skipped((0, 50))  # a corrupt line
-    assert tracker.deliver("id5", (0, 60), 5)
+    assert tracker.deliver("id5", 0, 60, 5)
     assert tracker.ack("id1")
     cursor = tracker.cursor()
     assert (cursor.offset, cursor.seq, cursor.ahead) == (0, -1, ((0, 10, 0, 20), (0, 40, 0, 50)))
@@ -130,8 +130,8 @@ def test_ack_tracker_commits_only_the_handled_prefix() -> None:
     cursor = tracker.cursor()
     assert (cursor.offset, cursor.seq, cursor.ahead) == (50, 3, ())
     assert not tracker.ack("id2")  # twice is harmless
-    assert not tracker.deliver("id2", (0, 70), 6)  # handled already: a duplicate
-    assert tracker.deliver("id9", (0, 80), 7)
+    assert not tracker.deliver("id2", 0, 70, 6)  # handled already: a duplicate
+    assert tracker.deliver("id9", 0, 80, 7)
     assert tracker.unacked == 2
 
 
@@ -140,9 +140,9 @@ def test_ack_tracker_resumes_from_cursor() -> None:
     round_trip = Cursor.from_json_dict(cursor.to_json_dict())
     assert round_trip == cursor
     tracker = AckTracker(round_trip)
-    assert tracker.deliver("id2", (0, 30), 2)
-    assert not tracker.deliver("id3", (0, 40), 3)  # acked before the restart
-    assert not tracker.deliver("id0", (0, 50), 4)  # handled recently
+    assert tracker.deliver("id2", 0, 30, 2)
+    assert not tracker.deliver("id3", 0, 40, 3)  # acked before the restart
+    assert not tracker.deliver("id0", 0, 50, 4)  # handled recently
     tracker.ack("id2")
     assert tracker.cursor() == Cursor(0, 50, 4, (), ("id0", "id1", "id3", "id2"))
 

@@ -32,6 +32,7 @@ from teamrt.agents import Agent, Limits, Memory, tool
 from teamrt.cli.bench_models import model_figures
 from teamrt.cli.bench_startup import startup_figures
 from teamrt.cli.bench_team import team_figures
+from teamrt.cli.progress import Progress
 from teamrt.envelopes import Envelope, Message, new_id
 from teamrt.mail import FileMailboxes, Inbox
 from teamrt.mail.log import encode, stamp
@@ -265,14 +266,17 @@ async def _sender(team: str, name: str, count: str, durability: str, go: str, ou
 
 
 class Bench:
-    def __init__(self, root: Path, sizes: Sizes) -> None:
+    def __init__(self, root: Path, sizes: Sizes, progress: Progress | None = None) -> None:
         self.root = root
         self.sizes = sizes
         self.figures: list[Figure] = []
+        self.progress = progress
         self._teams = 0
 
     def add(self, figure: Figure) -> Figure:
         self.figures.append(figure)
+        if self.progress is not None:
+            self.progress.update(detail=f"last: {figure.name}")
         return figure
 
     def team(self, name: str) -> Path:
@@ -877,8 +881,10 @@ def _print(figures: list[Figure], header: str) -> None:
         )
 
 
-async def _run(root: Path, sizes: Sizes, only: str | None) -> list[Figure]:
-    bench = Bench(root, sizes)
+async def _run(
+    root: Path, sizes: Sizes, only: str | None, progress: Progress | None = None
+) -> list[Figure]:
+    bench = Bench(root, sizes, progress)
     steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
         ("sends", bench.sends),
         ("contention", bench.contention),
@@ -893,9 +899,15 @@ async def _run(root: Path, sizes: Sizes, only: str | None) -> list[Figure]:
         ("models", lambda: model_figures(bench)),
         ("startup", lambda: startup_figures(bench)),
     ]
-    for name, step in steps:
-        if only is None or name == only or (only == "contention" and name == "sends"):
-            await step()
+    chosen = [
+        (name, step)
+        for name, step in steps
+        if only is None or name == only or (only == "contention" and name == "sends")
+    ]
+    for index, (name, step) in enumerate(chosen, 1):
+        if progress is not None:
+            progress.section(name, index, len(chosen))
+        await step()
     return bench.figures
 
 
@@ -906,14 +918,18 @@ def run_bench(
     directory: str | None,
     smoke: bool = False,
     only: str | None = None,
+    quiet: bool = False,
 ) -> int:
     sizes = Sizes.pick(quick, smoke)
     parent = Path(directory) if directory else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="teamrt-bench-", dir=parent))
+    # redrawn twice a second at most, so that drawing does not disturb what is measured
+    progress = Progress("teamrt bench", unit="groups", plain=True, quiet=quiet, refresh=2)
     try:
-        figures = anyio.run(_run, root, sizes, only)
+        with progress:
+            figures = anyio.run(_run, root, sizes, only, progress)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     meta = {

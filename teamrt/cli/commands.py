@@ -61,9 +61,19 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def repair(args: argparse.Namespace) -> int:
+    from teamrt.cli.progress import Progress
     from teamrt.mail import repair_team
+    from teamrt.replay import members
 
-    reports = repair_team(team_dir(args.dir), args.inbox)
+    root = team_dir(args.dir)
+    # one inbox at a time, so that a terminal shows which one (the first call checks the team
+    # directory as a whole, as one call for every inbox would)
+    names = [args.inbox] if args.inbox is not None else members(Path(root))
+    reports = [] if names else repair_team(root)  # no inbox: the directory is checked all the same
+    with Progress(f"repair {Path(root).name}", unit="inboxes", quiet=args.quiet) as progress:
+        for index, name in enumerate(names, 1):
+            progress.section(name, index, len(names))
+            reports += repair_team(root, name)
     if args.json:
         print(json.dumps([r.to_json_dict() for r in reports], indent=2))
     else:
@@ -104,9 +114,22 @@ def replay(args: argparse.Namespace) -> int:
             raise UsageError(f"-o {output}: there is no directory {output.parent}; create it first")
         with output.open("w", encoding="utf-8") as out:
             return run_replay(
-                args.dir, fmt=args.format, keep=keep, follow=False, colour="never", out=out
+                args.dir,
+                fmt=args.format,
+                keep=keep,
+                follow=False,
+                colour="never",
+                out=out,
+                quiet=args.quiet,
             )
-    return run_replay(args.dir, fmt=args.format, keep=keep, follow=args.follow, colour=args.color)
+    return run_replay(
+        args.dir,
+        fmt=args.format,
+        keep=keep,
+        follow=args.follow,
+        colour=args.color,
+        quiet=args.quiet,
+    )
 
 
 async def rerun(args: argparse.Namespace) -> int:
@@ -179,7 +202,12 @@ def bench(args: argparse.Namespace) -> int:
     if args.dir is not None and os.path.exists(args.dir) and not os.path.isdir(args.dir):
         raise UsageError(f"--dir {args.dir} is a file; give a directory for the scratch teams")
     return run_bench(
-        quick=args.quick, as_json=args.json, directory=args.dir, smoke=args.smoke, only=args.only
+        quick=args.quick,
+        as_json=args.json,
+        directory=args.dir,
+        smoke=args.smoke,
+        only=args.only,
+        quiet=args.quiet,
     )
 
 

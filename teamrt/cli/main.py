@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("dir", help="team directory")
     repair.add_argument("--inbox", help="only this member's inbox (default: every member's)")
     repair.add_argument("--json", action="store_true", help="print one JSON list")
+    repair.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress on stderr (shown on a terminal)"
+    )
     repair.set_defaults(run=cmd.repair)
 
     export = commands.add_parser(
@@ -172,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("--color", default="auto", choices=["auto", "always", "never"])
     replay.add_argument("-o", "--output", help="write to this file instead of standard output")
+    replay.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (shown on a terminal while the files are read, unless the "
+        "timeline itself goes to the terminal)",
+    )
     replay.set_defaults(run=cmd.replay)
 
     rerun = commands.add_parser(
@@ -212,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
             *("acks", "teamwork", "models", "startup"),
         ],
         help="run one group of measurements",
+    )
+    bench.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (on a terminal, a line redrawn in place; otherwise one "
+        "line per group of measurements started)",
     )
     bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
     bench.set_defaults(run=cmd.bench)

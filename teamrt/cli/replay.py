@@ -8,11 +8,13 @@ import math
 import re
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime
+from itertools import islice
 from typing import Any, TextIO
 
+from teamrt.cli.progress import Progress, on_terminal
 from teamrt.cli.replay_page import Html
 from teamrt.errors import UsageError
 from teamrt.mail import TeamView, open_view
@@ -227,7 +229,11 @@ def run_replay(
     out: TextIO | None = None,
     poll: float = 0.2,
     follow_for: float | None = None,
+    quiet: bool = False,
 ) -> int:
+    """Print the timeline of `team_dir` to `out` (stdout by default). While the files are
+    read, progress is drawn on stderr if it is a terminal, unless `quiet`, or the timeline
+    itself goes to the terminal (where it shows how far the reading has got)."""
     stream = out or sys.stdout
     use_colour = colour == "always" or (colour == "auto" and stream.isatty())
     view = open_view(team_dir)
@@ -243,17 +249,50 @@ def run_replay(
     summary = Summary()
     joiner = Joiner()  # requests stay open in it through --follow: answers may still come
     positions: dict[str, tuple[int, int]] = {}
-    events = timeline(
-        view, summary=summary, positions=positions, keep=keep, joiner=joiner, agent_files=True
+    progress = Progress(
+        f"replay {view.team}",
+        unit="bytes",
+        quiet=quiet or on_terminal(stream),
     )
-    for event in events:
-        formatter.event(event)
+    watch = _counted(progress, view) if progress.drawn else None
+    with progress:
+        events = timeline(
+            view,
+            summary=summary,
+            positions=positions,
+            keep=keep,
+            joiner=joiner,
+            agent_files=True,
+            watch=watch,
+        )
+        for event in events:
+            formatter.event(event)
     if follow and fmt in ("text", "json"):
         _follow(view, positions, formatter, keep, stream, poll, follow_for, joiner, summary)
     finish(joiner, summary, keep)
     formatter.end(summary)
     stream.flush()
     return 0
+
+
+def _counted(progress: Progress, view: TeamView) -> Callable[[Iterator[Event]], Iterator[Event]]:
+    """A `timeline` watch that tells `progress`, every 256 events, how many have been read and
+    how many bytes of inbox records, of the inboxes' size when the replay started (where the
+    store tells it). It takes the events 256 at a time, which costs nothing measurable per
+    event."""
+    total = sum(view.sizes(name).get("bytes", 0) for name in view.members())
+    progress.update(0, total=total or None)
+
+    def count(events: Iterator[Event]) -> Iterator[Event]:
+        read = done = 0
+        while chunk := list(islice(events, 256)):
+            yield from chunk
+            read += len(chunk)
+            done += sum(len(e.raw) + 1 for e in chunk if e.segment >= 0)  # inbox records only
+            progress.update(done, detail=f"{read:,} events")
+        progress.update(max(done, total))  # every inbox read to its end
+
+    return count
 
 
 def _follow(

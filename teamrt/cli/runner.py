@@ -144,6 +144,9 @@ def execute(args: argparse.Namespace) -> int:
         if isinstance(failure, KeyboardInterrupt):
             print(f"{name}: interrupted", file=sys.stderr)
             return 130
+        if isinstance(failure, SystemExit) and isinstance(failure.code, str):
+            print(f"{name}: {failure.code}", file=sys.stderr)  # raised inside a task group
+            return 1
         if not isinstance(failure, Exception):
             raise
         log.debug("%s failed", name, exc_info=failure)

@@ -112,8 +112,8 @@ class AckTracker:
         self.max_runs = max_runs
         self._base = 0  # index of the first item not yet passed by the cursor
         self._next = 0
-        # index -> (end position, seq) of items not yet passed by the cursor
-        self._items: dict[int, tuple[Position, int]] = {}
+        # index -> (the two parts of the end position, seq) of items not yet passed
+        self._items: dict[int, tuple[int, int, int]] = {}
         self._outstanding: dict[str, int] = {}  # delivered, not acked: id -> index
         self._by_first: dict[int, int] = {}  # handled runs: first index -> last index
         self._by_last: dict[int, int] = {}  # and last index -> first index
@@ -127,7 +127,7 @@ class AckTracker:
         for id_ in committed.recent:
             self._remember(id_)
 
-    def deliver(self, id_: str, end: Position, seq: int | None) -> bool:
+    def deliver(self, id_: str, segment: int, end: int, seq: int | None) -> bool:
         """Record a delivery in log order; False (the line is then skipped) if `id_` was
         handled already: recently, ahead of the cursor before a restart, or delivered and not
         yet acked."""
@@ -135,17 +135,17 @@ class AckTracker:
         if (
             id_ in self._recent_set
             or id_ in self._outstanding
-            or (self._restart_runs and self._handled_before_restart(end))
+            or (self._restart_runs and self._handled_before_restart(segment, end))
             or (self._legacy_acked and self._legacy_acked_once(id_))
         ):
-            self._add(end, seq, handled=True)
+            self._add(segment, end, seq, handled=True)
             return False
-        self._outstanding[id_] = self._add(end, seq, handled=False)
+        self._outstanding[id_] = self._add(segment, end, seq, handled=False)
         return True
 
     def skipped(self, end: Position, seq: int | None = None, id_: str | None = None) -> None:
         """An item handled without the owner's ack: a corrupt line, a duplicate, an acked id."""
-        self._add(end, -1 if seq is None else seq, handled=True)
+        self._add(end[0], end[1], -1 if seq is None else seq, handled=True)
 
     def ack(self, id_: str) -> bool:
         """Mark `id_` handled; False if it was not delivered or is already acked."""
@@ -166,14 +166,14 @@ class AckTracker:
             del self._by_last[last]
             del self._firsts[0]  # the smallest first index is the base
             for index in range(self._base, last + 1):
-                end, entry_seq = items.pop(index)
+                entry_segment, end, entry_seq = items.pop(index)
                 if entry_seq >= 0:
                     seq = entry_seq
-            segment, offset = end
+            segment, offset = entry_segment, end
             self._base = last + 1
         runs = self._by_first
         ahead = tuple(
-            items[first - 1][0] + items[runs[first]][0] for first in self._firsts[: self.max_runs]
+            items[first - 1][:2] + items[runs[first]][:2] for first in self._firsts[: self.max_runs]
         )
         self.committed = Cursor(segment, offset, seq, (), tuple(self._persisted), ahead)
         return self.committed
@@ -186,10 +186,10 @@ class AckTracker:
         """True if `id_` was delivered and is not acked yet."""
         return id_ in self._outstanding
 
-    def _add(self, end: Position, seq: int, *, handled: bool) -> int:
+    def _add(self, segment: int, end: int, seq: int, *, handled: bool) -> int:
         index = self._next
         self._next = index + 1
-        self._items[index] = (end, seq)
+        self._items[index] = (segment, end, seq)
         if handled:
             self._mark(index)
         return index
@@ -218,8 +218,8 @@ class AckTracker:
         else:  # two runs became one: the later one's first index goes
             del firsts[bisect.bisect_left(firsts, index + 1)]
 
-    def _handled_before_restart(self, position: Position) -> bool:
-        runs = self._restart_runs
+    def _handled_before_restart(self, segment: int, end: int) -> bool:
+        runs, position = self._restart_runs, (segment, end)
         while self._restart_i < len(runs) and position > runs[self._restart_i][2:]:
             self._restart_i += 1
         if self._restart_i == len(runs):

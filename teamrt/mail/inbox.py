@@ -147,14 +147,15 @@ class Inbox:
 
     def _lease_ok(self) -> bool:
         """True if this inbox may read: it holds the lease, or shares its store's."""
-        if self._lease is not None:
-            if self._lease.lost.is_set():
-                raise LeaseLost(
-                    f"{self.name}'s lease expired and another holder took it over; this "
-                    "process no longer owns the inbox"
-                )
-            return True
-        return self._store.lease_held(self.name)
+        lease = self._lease
+        if lease is None:
+            return self._store.lease_held(self.name)
+        if lease.record.expired:
+            raise LeaseLost(
+                f"{self.name}'s lease expired and another holder took it over; this "
+                "process no longer owns the inbox"
+            )
+        return True
 
     async def _check_lease(self) -> None:
         """Re-take the member's lease if the holder this inbox shared it with let it go (a
@@ -184,8 +185,12 @@ class Inbox:
 
     def receive_nowait(self) -> Envelope:
         """The next envelope, or raise `anyio.WouldBlock` if none is there yet."""
-        if not self._lease_ok():
-            self._retake_lease()
+        lease = self._lease  # the receive hot path: _lease_ok() inlined
+        if lease is None:
+            if not self._store.lease_held(self.name):
+                self._retake_lease()
+        elif lease.record.expired:
+            self._lease_ok()  # raises LeaseLost
         if self._ready:
             return self._ready.popleft()
         if self._closed:
@@ -351,7 +356,7 @@ class Inbox:
             ):
                 self._quarantine(Corrupt(entry.at, entry.end, self._misfiled(decoded), raw))
                 continue
-            if not tracker.deliver(decoded.id, entry.end, decoded.seq):
+            if not tracker.deliver(decoded.id, entry.segment, entry.stop, decoded.seq):
                 self._duplicates += 1
                 continue
             if not isinstance(decoded, Response) or self._route(decoded):

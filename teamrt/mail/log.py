@@ -85,21 +85,35 @@ def stamp_many(encoded: Sequence[bytes], first_seq: int, team: bytes) -> bytes:
 
 class Entry:
     """One record of an inbox as its store hands it out: the stamped line without its newline
-    (`raw`), where it is (`at`) and the position just after it (`end`, what a cursor that has
-    passed it holds). Positions are opaque to everything above the store. `too_long`: the
-    record was longer than the store's line limit and `raw` holds only its first bytes; it is
-    quarantined unread.
+    (`raw`), where it starts (`at`) and the position just after it (`end`, what a cursor that
+    has passed it holds). Positions are opaque to everything above the store: two parts, the
+    first shared by a record's start and end (`segment`), the second its `start` and `stop`
+    (byte offsets for the file store, sequence numbers for Redis). `too_long`: the record was
+    longer than the store's line limit and `raw` holds only its first bytes; it is quarantined
+    unread.
 
-    A plain slotted class: one is made per record read.
+    A plain slotted class holding no tuples: one is made per record read, and each extra
+    container object per record costs the drain measurably (the garbage collector tracks it).
     """
 
-    __slots__ = ("at", "end", "raw", "too_long")
+    __slots__ = ("raw", "segment", "start", "stop", "too_long")
 
-    def __init__(self, raw: bytes, at: Position, end: Position, too_long: bool = False) -> None:
+    def __init__(
+        self, raw: bytes, segment: int, start: int, stop: int, too_long: bool = False
+    ) -> None:
         self.raw = raw
-        self.at = at
-        self.end = end
+        self.segment = segment
+        self.start = start
+        self.stop = stop
         self.too_long = too_long
+
+    @property
+    def at(self) -> Position:
+        return (self.segment, self.start)
+
+    @property
+    def end(self) -> Position:
+        return (self.segment, self.stop)
 
     def __repr__(self) -> str:
         long = ", too long" if self.too_long else ""

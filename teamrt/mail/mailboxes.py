@@ -263,7 +263,10 @@ class Mailboxes:
         if isinstance(envelope, Broadcast):
             await self._broadcast(envelope, encoded)
             return
-        await self._append(envelope.recipient, encoded)
+        try:
+            await self.store.append(envelope.recipient, encoded)
+        except (StoreUnavailable, OutcomeUnknown):
+            await self._append(envelope.recipient, encoded)  # retried with the same bytes
         self._wake(envelope.recipient)
 
     async def _append(self, recipient: str, encoded: bytes | Sequence[bytes]) -> None:

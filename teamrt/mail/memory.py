@@ -39,7 +39,7 @@ class _MemoryInbox:
 
     def entry(self, index: int) -> Entry:
         raw, too_long = self.lines[index]
-        return Entry(raw, (0, index), (0, index + 1), too_long)
+        return Entry(raw, 0, index, index + 1, too_long)
 
 
 class MemoryReader(InboxReader):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -293,7 +293,7 @@ class Store(ABC):
         """
         records = self._lease_table()
         record = records.get(name)
-        if record is None or record.lost.is_set():
+        if record is None or record.expired:
             if record is not None:  # lost: its holders keep their (lost) handles
                 del records[name]
             token, fence = await self._lock_member(name, holder)
@@ -306,7 +306,7 @@ class Store(ABC):
     def lease_held(self, name: str) -> bool:
         """True while this store object holds member `name`'s lease (and has not lost it)."""
         record = self._lease_table().get(name)
-        return record is not None and not record.lost.is_set()
+        return record is not None and not record.expired
 
     def held_leases(self) -> list[LeaseRecord]:
         return list(self._lease_table().values())
@@ -321,7 +321,7 @@ class Store(ABC):
     def _lease_lost(self, record: LeaseRecord) -> None:
         """Mark a lease lost (for stores whose leases expire): its holders are told through
         `Lease.lost`, and the next acquisition tries to take it afresh."""
-        record.lost.set()
+        record.expire()
 
     async def _release(self, record: LeaseRecord, holder: str) -> None:
         record.holders.remove(holder)
@@ -330,7 +330,7 @@ class Store(ABC):
             return
         if self._lease_table().get(record.name) is record:
             del self._lease_table()[record.name]
-        if not record.lost.is_set():
+        if not record.expired:
             await self._unlock_member(record)
 
     @abstractmethod
@@ -346,15 +346,32 @@ class Store(ABC):
     async def _unlock_member(self, record: LeaseRecord) -> None: ...
 
 
-@dataclass(eq=False)
 class LeaseRecord:
     """One lease a store object holds, shared by its holders in this process."""
 
-    name: str
-    token: object  # what the store needs to release it
-    fence: int  # the fencing token: grows with every acquisition of the member
-    holders: list[str] = field(default_factory=list)
-    lost: anyio.Event = field(default_factory=anyio.Event)
+    __slots__ = ("_lost", "expired", "fence", "holders", "name", "token")
+
+    def __init__(self, name: str, token: object, fence: int) -> None:
+        self.name = name
+        self.token = token  # what the store needs to release it
+        self.fence = fence  # the fencing token: grows with every acquisition of the member
+        self.holders: list[str] = []
+        self.expired = False  # the store found another holder: this one may no longer act
+        self._lost: anyio.Event | None = None  # made on first use, inside an event loop
+
+    @property
+    def lost(self) -> anyio.Event:
+        """Set once `expired` turns True."""
+        if self._lost is None:
+            self._lost = anyio.Event()
+            if self.expired:
+                self._lost.set()
+        return self._lost
+
+    def expire(self) -> None:
+        self.expired = True
+        if self._lost is not None:
+            self._lost.set()
 
 
 class Lease:
@@ -363,28 +380,29 @@ class Lease:
 
     def __init__(self, store: Store, record: LeaseRecord, holder: str) -> None:
         self._store: Store | None = store
-        self._record = record
+        self.record = record
         self._holder = holder
 
     @property
     def name(self) -> str:
-        return self._record.name
+        return self.record.name
 
     @property
     def fence(self) -> int:
         """The fencing token of this acquisition."""
-        return self._record.fence
+        return self.record.fence
 
     @property
     def lost(self) -> anyio.Event:
         """Set when the store found that this lease expired and another holder took it."""
-        return self._record.lost
+        return self.record.lost
 
     async def release(self) -> None:
+        """Give the lease up (once; again is harmless). A release cut short by cancellation
+        leaves a lease that dies with its process or expires, as every lease does."""
         if self._store is not None:
             store, self._store = self._store, None
-            with anyio.CancelScope(shield=True):
-                await store._release(self._record, self._holder)
+            await store._release(self.record, self._holder)
 
 
 def run_local(coroutine: Coroutine[Any, Any, T], what: str) -> T:

@@ -7,7 +7,7 @@ import math
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +174,7 @@ def timeline(
     keep: Filter | None = None,
     joiner: Joiner | None = None,
     agent_files: bool = False,
+    watch: Callable[[Iterator[Event]], Iterator[Event]] | None = None,
 ) -> Iterator[Event]:
     """Every inbox merged into one timeline (by send time), each event flagged as it passes;
     with `agent_files`, the agents' stop, crash and cancel lines and the conductor's decisions
@@ -186,7 +187,9 @@ def timeline(
     caller to go on and `finish` (see `finish`). `positions` receives where each inbox's
     reading stopped (for following the inboxes afterwards). `team` is a team directory, a
     store URL, or a view; agents' files are read from the team's directory (a team in a network
-    store has none here).
+    store has none here). `watch`, if given, wraps the stream of every event read, before
+    `keep` chooses (`teamrt replay` counts what it has read with it, to show its progress);
+    without one nothing is added per event.
     """
     view = team if isinstance(team, TeamView) else open_view(team)
     summary = summary if summary is not None else Summary()
@@ -198,6 +201,8 @@ def timeline(
     merged: Iterator[Event] = heapq.merge(*streams, key=lambda e: e.ts)
     if root is not None:
         merged = with_decisions(merged, root)
+    if watch is not None:
+        merged = watch(merged)
     join = joiner if joiner is not None else Joiner()
     for event in merged:
         join.feed(event)

@@ -73,17 +73,18 @@ class LineSplitter:
         seg = self.segment
         if self._skipping:  # the rest of an over-long line: report it once, with what we kept
             nl = buf.find(b"\n")
-            frames.append(Entry(self._kept, (seg, self._skip_start), (seg, base + nl + 1), True))
+            frames.append(Entry(self._kept, seg, self._skip_start, base + nl + 1, True))
             self._skipping = False
             pos = nl + 1
             self._tail = b""
         max_line = self._max_line
+        append = frames.append
         for line in buf[pos:last_nl].split(b"\n") if pos <= last_nl else ():
             end = pos + len(line) + 1
             if len(line) > max_line:
-                frames.append(Entry(line[:max_line], (seg, base + pos), (seg, base + end), True))
+                append(Entry(line[:max_line], seg, base + pos, base + end, True))
             elif line and not line.isspace():
-                frames.append(Entry(line, (seg, base + pos), (seg, base + end)))
+                append(Entry(line, seg, base + pos, base + end))
             pos = end
         self._hold(buf[last_nl + 1 :], base + last_nl + 1)
         return frames
@@ -93,10 +94,10 @@ class LineSplitter:
         seg = self.segment
         if self._skipping:
             self._skipping = False
-            return Entry(self._kept, (seg, self._skip_start), (seg, self.offset), True)
+            return Entry(self._kept, seg, self._skip_start, self.offset, True)
         if not self._tail:
             return None
-        entry = Entry(self._tail, (seg, self.offset - len(self._tail)), (seg, self.offset))
+        entry = Entry(self._tail, seg, self.offset - len(self._tail), self.offset)
         self._tail = b""
         return entry
 
