@@ -18,6 +18,7 @@ import anyio
 from teamrt.cli.send import team_at, team_dir
 from teamrt.errors import TeamrtError, UsageError
 from teamrt.mail import open_mailboxes, open_view
+from teamrt.mail.locator import with_team
 from teamrt.names import validate_name
 
 
@@ -282,7 +283,10 @@ async def demo(args: argparse.Namespace) -> int:
         from teamrt.demos import research_writer
 
         two = args.name == "two-process"
-        return await research_writer.run(root, args.model, True, two)
+        store = with_team(args.store, research_writer.TEAM) if args.store else None
+        return await research_writer.run(root, args.model, True, two, store)
+    if args.store and args.name != "two-hosts":
+        raise UsageError(f"--store is for research-writer and two-process, not {args.name}")
     if args.name == "conductor":
         from teamrt.demos import conductor
 

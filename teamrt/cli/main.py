@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Sequence
 
@@ -285,6 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
         "environment (OPENAI_MODEL, OPENAI_API_KEY, OPENAI_BASE_URL)",
     )
     demo.add_argument("--dir", default="mailboxes", help="root for the demo's team directory")
+    demo.add_argument(
+        "--store",
+        default=os.environ.get("TEAMRT_STORE") or None,
+        help="run research-writer or two-process with its inboxes in this store instead "
+        "(redis://HOST:PORT/DB; the team is the demo's own); default: $TEAMRT_STORE",
+    )
     demo.set_defaults(run=_demo, is_async=False)
     return parser
 

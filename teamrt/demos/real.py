@@ -21,6 +21,7 @@ import anyio
 from teamrt.agents.journal import summarise
 from teamrt.agents.limits import prices_from_env
 from teamrt.errors import TeamrtError, UsageError
+from teamrt.mail import open_store
 from teamrt.models import FunctionModel, Model, model_requests_allowed
 from teamrt.replay import timeline
 from teamrt.team import RESULT, TaskResult
@@ -140,10 +141,11 @@ def _reason(exc: BaseException) -> str:
 # --- after the run ------------------------------------------------------------------------------
 
 
-def results(team_dir: Path) -> dict[str, list[TaskResult]]:
-    """Every task result each member sent, read back from the team's inboxes."""
+def results(team: str | Path) -> dict[str, list[TaskResult]]:
+    """Every task result each member sent, read back from the team's inboxes (a team
+    directory or a store URL)."""
     found: dict[str, list[TaskResult]] = {}
-    for event in timeline(team_dir):
+    for event in timeline(team):
         if event.type == RESULT and isinstance(event.body, dict):
             try:
                 result = TaskResult.model_validate(event.body)
@@ -163,10 +165,14 @@ def report_line(result: TaskResult) -> str:
     )
 
 
-def print_reports(team_dir: Path, members: Iterable[str]) -> dict[str, list[TaskResult]]:
+def print_reports(
+    team: str | Path, members: Iterable[str], agent_dir: Path | None = None
+) -> dict[str, list[TaskResult]]:
     """Print every member's stop reports (one per task); a member without one says why (its
-    journal's last run, or that it was never given a task). Returns what it printed."""
-    found = results(team_dir)
+    journal's last run in `agent_dir`, by default the team directory's agents/, or that it was
+    never given a task). Returns what it printed."""
+    found = results(team)
+    agent_dir = agent_dir if agent_dir is not None else Path(team) / "agents"
     print("Stop reports:")
     for member in members:
         reports = found.get(member, [])
@@ -174,7 +180,7 @@ def print_reports(team_dir: Path, members: Iterable[str]) -> dict[str, list[Task
             print(f"  {member:12} {report_line(result)}")
         if reports:
             continue
-        journal = team_dir / "agents" / f"{member}.state.jsonl"
+        journal = agent_dir / f"{member}.state.jsonl"
         last = summarise(journal) if journal.exists() else None
         if last is None:
             print(f"  {member:12} never given a task")
@@ -191,6 +197,11 @@ def first_failure(found: dict[str, list[TaskResult]], order: Sequence[str]) -> s
                 detail = " ".join(result.detail.split())
                 return f"{member} stopped early ({result.stop_reason}): {detail}"
     return None
+
+
+async def fresh_team(store: str) -> None:
+    """Delete a demo's team in a network store (its inboxes from an earlier run)."""
+    await open_store(store).destroy()
 
 
 def fail(message: str) -> int:

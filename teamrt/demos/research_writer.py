@@ -28,7 +28,8 @@ import anyio
 from teamrt.agents import tool
 from teamrt.demos import real
 from teamrt.errors import TeamrtError
-from teamrt.mail import FileMailboxes
+from teamrt.mail import open_mailboxes
+from teamrt.mail.locator import describe
 from teamrt.models import ChatMessage, ModelReply, ToolSpec, call, calls
 from teamrt.replay import timeline
 from teamrt.team import TaskResult, Team, Teammate
@@ -196,11 +197,16 @@ DOCUMENT = "agent-loop.md"
 
 
 async def run(
-    root: Path, model: str = "offline", live: bool = True, two_process: bool = False
+    root: Path,
+    model: str = "offline",
+    live: bool = True,
+    two_process: bool = False,
+    store: str | None = None,
 ) -> int:
     """Run the demo; with `two_process`, the writer runs in a child process (`run-agent`).
-    0 when the writer wrote its file and every agent answered; otherwise 1, after the stop
-    reports and one line saying what went wrong."""
+    `store`: a store URL (Redis) for the team's inboxes instead of files under `root` (the
+    agents' journals stay under `root`). 0 when the writer wrote its file and every agent
+    answered; otherwise 1, after the stop reports and one line saying what went wrong."""
     from teamrt.cli.live import live_view
 
     await real.check_environment(model)
@@ -213,8 +219,11 @@ async def run(
     result: TaskResult | None = None
     failure: str | None = None
     code = 0
-    async with FileMailboxes(team_dir, members=["lead", "researcher", "writer"]) as mail:
-        child = await _start_writer(team_dir, model) if two_process else None
+    where = store or str(team_dir)
+    if store is not None:
+        await real.fresh_team(store)  # the demo's own inboxes from an earlier run
+    async with open_mailboxes(where, members=["lead", "researcher", "writer"]) as mail:
+        child = await _start_writer(where, team_dir / "agents", model) if two_process else None
         if child is not None:
             local, remote = local[:1], ["writer"]
         try:
@@ -235,15 +244,18 @@ async def run(
     if result is not None:
         print(f"\nresearcher's answer: {result.answer}")
     print()
-    found = real.print_reports(team_dir, ["researcher", "writer"])
-    _print_timeline(team_dir)
+    found = real.print_reports(where, ["researcher", "writer"], team_dir / "agents")
+    _print_timeline(where)
     document = scratch_dir() / DOCUMENT
     if document.exists():
         print(f"\nThe writer wrote {document} ({len(document.read_text().split())} words).")
-    print(f"Inbox files: {team_dir}/inboxes/; transcripts: {team_dir / 'agents'}")
-    command = _command()
-    print(f"Look at the team:  {command} inspect {team_dir}")
-    print(f"Replay the run:    {command} replay {team_dir}   (--format html -o run.html: a page)")
+    if store is None:
+        print(f"Inbox files: {team_dir}/inboxes/; transcripts: {team_dir / 'agents'}")
+    else:
+        print(f"Inboxes: in {describe(store)}; transcripts: {team_dir / 'agents'}")
+    command, shown = _command(), "'" + where + "'" if store is not None else where
+    print(f"Look at the team:  {command} inspect {shown}")
+    print(f"Replay the run:    {command} replay {shown}   (--format html -o run.html: a page)")
     failure = failure or real.first_failure(found, ["researcher", "writer"])
     if failure is None and code != 0:
         failure = f"the writer's process exited with code {code}"
@@ -252,7 +264,7 @@ async def run(
     return real.fail(failure) if failure is not None else 0
 
 
-async def _start_writer(team_dir: Path, model: str) -> anyio.abc.Process:
+async def _start_writer(where: str, agent_dir: Path, model: str) -> anyio.abc.Process:
     """The writer as `teamrt run-agent` in a child process, on the same model (the spec reads
     it from TEAMRT_DEMO_MODEL)."""
     child = await anyio.open_process(
@@ -261,11 +273,13 @@ async def _start_writer(team_dir: Path, model: str) -> anyio.abc.Process:
             "-m",
             "teamrt",
             "run-agent",
-            str(team_dir),
+            where,
             "--name",
             "writer",
             "--spec",
             "teamrt.demos.research_writer:writer",
+            "--agent-dir",
+            str(agent_dir),
         ],
         stdout=None,
         stderr=None,
@@ -288,10 +302,10 @@ async def _stop(child: anyio.abc.Process) -> int:
     return -9
 
 
-def _print_timeline(team_dir: Path) -> None:
+def _print_timeline(where: str) -> None:
     print("\nWhat travelled through the inboxes:")
     start = None
-    for e in timeline(team_dir):  # teamrt.replay: every inbox, merged by send time
+    for e in timeline(where):  # teamrt.replay: every inbox, merged by send time
         start = start if start is not None else e.ts
         print(
             f"  +{(e.ts - start) * 1000:7.1f} ms  {e.sender:>10} -> {e.recipient:<10} "

@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from teamrt.errors import UsageError
 from teamrt.mail.mailboxes import DEFAULT_RESCAN_INTERVAL, Mailboxes
@@ -38,6 +39,17 @@ def from_env(locator: Locator | None) -> Locator:
     if not value:
         raise UsageError("no team given: pass a team directory or a store URL, or set TEAMRT_STORE")
     return value
+
+
+def with_team(url: str, team: str) -> str:
+    """A store URL naming team `team` unless it names one already (`?team=`)."""
+    if not is_url(url):
+        raise UsageError(f"{url!r} is not a store URL (redis://HOST:PORT/DB)")
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query)
+    if any(key == "team" for key, _ in query):
+        return url
+    return urlunsplit(parts._replace(query=urlencode([*query, ("team", team)])))
 
 
 def describe(locator: Locator) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from anyio.abc import TaskStatus
 
-from teamrt.errors import UnknownRecipient
+from teamrt.errors import MemberBusy, UnknownRecipient
 from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Entry, Position, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.store import (
@@ -153,6 +153,13 @@ class MemoryStore(Store):
 
     def view(self) -> TeamView:
         return MemoryView(self)
+
+    async def destroy(self) -> None:
+        if self.held_leases():
+            raise MemberBusy(f"a member of team {self.team!r} is running")
+        self.inboxes.clear()
+        self._ran.clear()
+        self._ledger = None
 
     async def _lock_member(self, name: str, holder: str) -> tuple[object, int]:
         self._inbox(name)  # one store object is the whole team: nobody else can hold it

@@ -245,6 +245,12 @@ class Store(ABC):
         """A read-only view of this store's team for tools."""
         raise NotImplementedError(f"{type(self).__name__} has no view")
 
+    async def destroy(self) -> None:
+        """Delete this store's team and everything in it (inboxes, cursors, leases, ledger),
+        on a store object that is not open; `MemberBusy` if a member runs. For demos and
+        tests that start over."""
+        raise NotImplementedError(f"{type(self).__name__} cannot delete a team")
+
     # -- the team's budget ledger, shared by every process of the team --
 
     async def ledger_update(

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -337,6 +338,15 @@ class FileStore(Store):
         from teamrt.mail.filestore.view import FileView
 
         return FileView(self.path)
+
+    async def destroy(self) -> None:
+        if not (self.path / "team.json").exists():
+            return
+        self.check_directories()  # never delete a directory that is not a team's
+        for name in self.members(refresh=True):
+            if _probe_lease(self.agents / f"{name}.lease") is not None:
+                raise MemberBusy(f"member {name!r} of team {self.team!r} is running")
+        shutil.rmtree(self.path)
 
     async def tail_reader(self, name: str) -> FileReader:
         reader = self.reader(name)
