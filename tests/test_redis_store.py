@@ -514,7 +514,7 @@ async def test_a_paused_server_fails_sends_then_recovers_without_loss_or_duplica
                 arrived = []
                 for entry in entries:
                     got = _envelope(entry.raw)
-                    if tracker.deliver(got.id, entry.end, got.seq):
+                    if tracker.deliver(got.id, entry.segment, entry.stop, got.seq):
                         delivered.append(got.body)
                 if not entries:
                     await watching.wait()
@@ -700,6 +700,29 @@ async def test_a_server_restarted_without_its_data_is_refused(redis_server: Redi
     await fresh.close()
 
 
+async def test_destroy_deletes_the_team_unless_a_member_runs(shared_redis: RedisServer) -> None:
+    url = shared_redis.url()
+    s = RedisStore(url)
+    await s.open(["lead", "worker"])
+    await s.append("worker", _message(1))
+    await s.ledger_update(lambda ledger: {"spent": 1})
+    lease = await s.acquire_lease("worker", "a running member")
+    other = RedisStore(url)
+    with pytest.raises(MemberBusy, match="a running member"):
+        await other.destroy()
+    await lease.release()
+    await other.destroy()
+    prefix = s.keys.base.encode()
+    assert list(_sync(shared_redis).scan_iter(match=prefix + b"*")) == []
+    with pytest.raises(StoreCorrupt, match="gone from Redis"):
+        await s.append("worker", _message(2))  # a store object of the deleted team refuses
+    fresh = RedisStore(url)
+    await fresh.open(["lead"])  # a new team of that name starts from nothing
+    assert fresh.members() == ("lead",)
+    for store in (s, other, fresh):
+        await store.close()
+
+
 async def test_a_cursor_past_the_inbox_end_is_refused(
     store: RedisStore, shared_redis: RedisServer
 ) -> None:
@@ -762,7 +785,7 @@ async def test_export_writes_a_team_directory_the_file_tools_read(
     tracker = AckTracker(Cursor())
     for entry in entries:
         envelope = _envelope(entry.raw)
-        tracker.deliver(envelope.id, entry.end, envelope.seq)
+        tracker.deliver(envelope.id, entry.segment, entry.stop, envelope.seq)
     for i in (0, 1, 3):  # 2, 4 and 5 stay unhandled; 3 is acked ahead
         tracker.ack(messages[i].id)
     await rd.commit(tracker.cursor())

@@ -104,7 +104,7 @@ async def unlock_member(store: RedisStore, record: LeaseRecord) -> None:
 
 
 async def renew_leases(store: RedisStore) -> None:
-    records = [record for record in store.held_leases() if not record.lost.is_set()]
+    records = [record for record in store.held_leases() if not record.expired]
     if not records:
         return
     keys = store.keys

@@ -58,8 +58,8 @@ def make_entry(item: Sequence[Any], max_line: int) -> tuple[int, Entry]:
     else:
         raw = b"<stream entry without a 'd' field: " + b" ".join(fields)[:200] + b">"
     if len(raw) > max_line:
-        return seq, Entry(raw[:max_line], (0, seq), (0, seq + 1), True)
-    return seq, Entry(raw, (0, seq), (0, seq + 1))
+        return seq, Entry(raw[:max_line], 0, seq, seq + 1, True)
+    return seq, Entry(raw, 0, seq, seq + 1)
 
 
 class RedisReader(InboxReader):

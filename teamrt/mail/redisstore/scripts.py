@@ -260,6 +260,24 @@ return 1
 """,
 )
 
+#: Delete a team unless a member runs. KEYS: meta, members, next, fences, ran, qupto, ledger,
+#: then per member of the roster the caller read: inbox, cursor, quarantine, lease.
+#: ARGV: that roster (names joined by ','). Returns {1}, {0, roster} when the roster changed
+#: meanwhile, or {2, name, lease} when a member runs (nothing deleted).
+DESTROY = Script(
+    "destroy",
+    """#!lua
+local roster = redis.call('LRANGE', KEYS[2], 0, -1)
+if table.concat(roster, ',') ~= ARGV[1] then return {0, roster} end
+for i, name in ipairs(roster) do
+  local lease = redis.call('GET', KEYS[7 + 4 * i])
+  if lease then return {2, name, lease} end
+end
+for i = 1, #KEYS do redis.call('UNLINK', KEYS[i]) end
+return {1}
+""",
+)
+
 #: Wake a process's watcher: an entry in its control stream. KEYS: ctl. ARGV: ttl in ms.
 KICK = Script(
     "kick",

@@ -15,6 +15,7 @@ from teamrt.errors import (
     DurabilityError,
     EnvelopeTooLarge,
     LeaseLost,
+    MemberBusy,
     StoreCorrupt,
     StoreError,
     TeamrtError,
@@ -270,6 +271,42 @@ class RedisStore(Store):
         """Close this object's connections (its leases are released by their holders)."""
         await self.client.aclose()
 
+    async def destroy(self) -> None:
+        """Delete the team's keys (inboxes, cursors, quarantine, leases, ledger) in one script;
+        `MemberBusy` if a member's lease is held. Other processes' stores of the team then
+        refuse to go on (the team's epoch is gone), as after a server that lost its data."""
+        keys = self.keys
+        what = f"delete team {self.team!r}"
+        roster = await self.client.call("LRANGE", keys.members, 0, -1, what=what, change=False)
+        for _ in range(10):
+            names = [name.decode() for name in roster]
+            per_member = [
+                key
+                for name in names
+                for key in (
+                    keys.inbox(name),
+                    keys.cursor(name),
+                    keys.quarantine(name),
+                    keys.lease(name),
+                )
+            ]
+            team_keys = [keys.meta, keys.members, keys.next, keys.fences, keys.ran, keys.qupto]
+            reply = await self.client.script(
+                scripts.DESTROY, [*team_keys, keys.ledger, *per_member], [",".join(names)], what
+            )
+            if int(reply[0]) == 1:
+                self.epoch = ""
+                self._roster = ()
+                return
+            if int(reply[0]) == 2:
+                holder = reply[2].decode(errors="replace").partition(" ")[2]
+                raise MemberBusy(
+                    f"member {reply[1].decode()!r} of team {self.team!r} is running ({holder}); "
+                    "stop it before deleting the team"
+                )
+            roster = reply[1]  # members joined meanwhile
+        raise StoreError(f"{what}: the roster kept changing; nothing was deleted")
+
     def members(self) -> tuple[str, ...]:
         return self._roster
 
@@ -436,7 +473,7 @@ class RedisStore(Store):
     def lease_record(self, name: str) -> LeaseRecord | None:
         """This object's live lease on `name`, or None."""
         record = self._lease_table().get(name)
-        return None if record is None or record.lost.is_set() else record
+        return None if record is None or record.expired else record
 
     def holder_text(self, record: LeaseRecord) -> str:
         return leases.holder_text(record.holders[-1] if record.holders else "")
@@ -458,7 +495,7 @@ class RedisStore(Store):
         return await leases.member_alive(self, name)
 
     def _lease_lost(self, record: LeaseRecord, why: str = "another holder took it over") -> None:
-        if not record.lost.is_set():
+        if not record.expired:
             leases.log.warning(
                 "teamrt: %s's lease in team %r (fence %d) is lost: %s; this incarnation's "
                 "commits are refused from now on",

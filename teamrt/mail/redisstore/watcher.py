@@ -104,7 +104,7 @@ class Watcher:
         team = self._store.team.encode()
         for i, item in enumerate(encoded):
             seq = first + i
-            entry = Entry(stamp(item, seq, team)[:-1], (0, seq), (0, seq + 1))
+            entry = Entry(stamp(item, seq, team)[:-1], 0, seq, seq + 1)
             for reader in readers:
                 reader.push_local(seq, entry)
 
