@@ -46,9 +46,12 @@ def _answers(port: int) -> bool:
 class RedisServer:
     """One redis-server process in `directory` (which holds its append-only file)."""
 
-    def __init__(self, directory: Path, *, appendfsync: str = "always") -> None:
+    def __init__(
+        self, directory: Path, *, appendfsync: str = "always", extra: tuple[str, ...] = ()
+    ) -> None:
         self.directory = directory
         self.appendfsync = appendfsync
+        self.extra = extra  # more command-line options
         self.port = _free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.paused = False
@@ -81,6 +84,7 @@ class RedisServer:
             [
                 REDIS_SERVER,
                 *(part for key, value in options.items() for part in (f"--{key}", value)),
+                *self.extra,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -445,6 +445,15 @@ async def test_fsync_durability_is_checked_at_open(tmp_path: Any) -> None:
         await s2.close()
     finally:
         server.stop()
+    locked = RedisServer(tmp_path / "locked", extra=("--rename-command", "CONFIG", ""))
+    locked.start()
+    try:
+        s = RedisStore(locked.url(), durability="fsync")
+        with pytest.raises(DurabilityError, match="refused CONFIG GET"):
+            await s.open(["lead"])
+        await s.close()
+    finally:
+        locked.stop()
 
 
 async def test_kill_9_with_appendfsync_always_loses_no_acknowledged_send(
@@ -521,6 +530,7 @@ async def test_a_paused_server_fails_sends_then_recovers_without_loss_or_duplica
         tg.cancel_scope.cancel()
     assert delivered == list(range(6))  # receiver dedup: once each, in order
     assert all(isinstance(e, (StoreUnavailable, OutcomeUnknown)) for e in errors)
+    assert isinstance(errors[0], OutcomeUnknown)  # its request went out on an open connection
     assert any("127.0.0.1" in str(e) for e in errors)
     rd.close()
     await s.close()

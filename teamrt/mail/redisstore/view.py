@@ -184,7 +184,8 @@ class RedisView(TeamView):
         return bytes(value).decode(errors="replace").partition(" ")[2] or "unknown holder"
 
     def sizes(self, name: str) -> dict[str, int]:
-        """Records in the stream, the seq of the next record, the server memory it uses."""
+        """Records in the stream, the seq of the next record, and the server memory it uses
+        (also as `bytes`, the figure `inspect` shows for an inbox; one "segment")."""
         end = self._check_member(name)
         key = self.keys.inbox(name)
         records = int(self._run("XLEN", key, what=f"measure {name}'s inbox"))
@@ -192,7 +193,13 @@ class RedisView(TeamView):
             memory = self._redis.execute_command("MEMORY", "USAGE", key) or 0
         except RedisError:  # MEMORY may not be allowed: a size, not an answer
             memory = 0
-        return {"records": records, "next_seq": end, "memory_bytes": int(memory)}
+        return {
+            "segments": 1,
+            "bytes": int(memory),
+            "records": records,
+            "next_seq": end,
+            "memory_bytes": int(memory),
+        }
 
     def ledger(self) -> dict[str, Any] | None:
         """The team's budget ledger, or None."""
