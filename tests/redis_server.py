@@ -27,7 +27,7 @@ needs_redis = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -52,7 +52,7 @@ class RedisServer:
         self.directory = directory
         self.appendfsync = appendfsync
         self.extra = extra  # more command-line options
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.paused = False
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from teamrt.mail.log import AckTracker, Corrupt, Cursor, decode_line, encode, st
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore, RedisView, parse_locator, reader, view
 from teamrt.mail.redisstore.keys import TeamKeys
-from tests.redis_server import RedisServer, redis_server, shared_redis
+from tests.redis_server import RedisServer, free_port, redis_server, shared_redis
 
 __all__ = ["redis_server", "shared_redis"]  # fixtures
 
@@ -152,6 +153,56 @@ async def test_a_team_over_a_unix_socket(shared_redis: RedisServer) -> None:
         assert v.end("worker") == (0, 1)
     rd.close()
     await s.close()
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (the test skips without openssl)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl to make a certificate")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+async def test_a_team_over_tls(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    tls_port = free_port()
+    server = RedisServer(
+        tmp_path / "redis",
+        extra=(
+            *("--tls-port", str(tls_port), "--tls-cert-file", str(cert)),
+            *("--tls-key-file", str(key), "--tls-ca-cert-file", str(cert)),
+            *("--tls-auth-clients", "no"),
+        ),
+    )
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.skip(f"this redis-server has no TLS: {exc}")
+    try:
+        url = f"rediss://127.0.0.1:{tls_port}/0?team=secure&ssl_ca_certs={cert}"
+        s = RedisStore(url)
+        await s.open(["lead", "worker"])
+        for i in range(3):
+            await s.append("worker", _message(i))
+        rd = s.reader("worker")
+        await rd.start()
+        assert [_envelope(e.raw).body for e in rd.read_nowait()] == [0, 1, 2]
+        assert len(s.client._idle) == 1  # one connection, reused
+        for _ in range(5):
+            with RedisView(url) as v:
+                assert v.end("worker") == (0, 3)
+        rd.close()
+        await s.close()
+    finally:
+        server.stop()
 
 
 async def test_membership_names_and_limits(store: RedisStore, shared_redis: RedisServer) -> None:

@@ -90,6 +90,8 @@ def _still_open(conn: Any) -> bool:
     writer = getattr(conn, "_writer", None)
     if not conn.is_connected or reader is None or writer is None or reader.at_eof():
         return False
+    if writer.get_extra_info("sslcontext") is not None:
+        return True  # TLS records (session tickets) may wait on the socket: not a reply
     transport_socket = writer.get_extra_info("socket")
     sock = getattr(transport_socket, "_sock", None)  # asyncio's wrapper forbids recv()
     if not isinstance(sock, socket.socket):

@@ -51,8 +51,10 @@ class RedisView(TeamView):
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
             retry=Retry(NoBackoff(), 0),
-            driver_info=None,
             protocol=2,
+            # driver_info stays: on TLS 1.3 its round trip on connect takes the server's
+            # session ticket off the socket before redis-py's pool checks the connection is
+            # quiet (without it that check fails now and then: "Connection not ready")
         )
         # stream entries as the server sends them ([id, [field, value]]), as the store reads them
         self._redis.set_response_callback("XRANGE", lambda response, **options: response)
