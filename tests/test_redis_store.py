@@ -38,6 +38,7 @@ from teamrt.mail.inspect import inspect_team
 from teamrt.mail.log import AckTracker, Corrupt, Cursor, decode_line, encode, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore, RedisView, parse_locator, reader, view
+from teamrt.mail.redisstore.client import pack
 from teamrt.mail.redisstore.keys import TeamKeys
 from tests.redis_server import RedisServer, free_port, redis_server, shared_redis
 
@@ -124,6 +125,19 @@ def test_locators() -> None:
     keys = TeamKeys("teamrt", "research")
     assert keys.inbox("lead") == "teamrt:{research}:inbox:lead"
     assert keys.inbox_name(keys.inbox("lead").encode()) == "lead"
+
+
+def test_commands_are_packed_in_the_redis_protocol() -> None:
+    long = "c" * 500  # not kept in the cache of short strings
+    packed = pack([("SET", b"k\r\n", 12), ("X", 1.5, long, "SET")])
+    assert packed == (
+        b"*3\r\n$3\r\nSET\r\n$3\r\nk\r\n\r\n$2\r\n12\r\n"
+        b"*4\r\n$1\r\nX\r\n$3\r\n1.5\r\n$500\r\n" + long.encode() + b"\r\n$3\r\nSET\r\n"
+    )
+    with pytest.raises(TypeError):
+        pack([("SET", None)])
+    with pytest.raises(TypeError):
+        pack([("SET", True)])
 
 
 async def test_records_are_the_file_stores_lines_with_ids_that_follow_seq(

@@ -105,22 +105,27 @@ def _still_open(conn: Any) -> bool:
     return False  # b"": closed by the server; data: a reply nobody awaited (out of step)
 
 
-_BULK: dict[str | int | float, bytes] = {}  # packed names, keys, epochs, counts: they repeat
+_BULK: dict[str, bytes] = {}  # short strings packed once: names, keys, epochs, script hashes
+_BULK_MAX = 4096  # strings kept
+_BULK_LONGEST = 160  # longer strings (a cursor, a quarantine record) are packed each time
 
 
 def _bulk(arg: object) -> bytes:
     """One argument as a Redis bulk string."""
     if isinstance(arg, bytes):
         return b"$%d\r\n%b\r\n" % (len(arg), arg)
-    if not isinstance(arg, (str, int, float)) or isinstance(arg, bool):
-        raise TypeError(f"cannot send {type(arg).__name__} to Redis")
-    packed = _BULK.get(arg)
-    if packed is None:
-        data = arg.encode() if isinstance(arg, str) else str(arg).encode()
-        packed = b"$%d\r\n%b\r\n" % (len(data), data)
-        if len(_BULK) < 65536:
-            _BULK[arg] = packed
-    return packed
+    if isinstance(arg, str):
+        packed = _BULK.get(arg)
+        if packed is None:
+            data = arg.encode()
+            packed = b"$%d\r\n%b\r\n" % (len(data), data)
+            if len(arg) <= _BULK_LONGEST and len(_BULK) < _BULK_MAX:
+                _BULK[arg] = packed
+        return packed
+    if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+        data = str(arg).encode()
+        return b"$%d\r\n%b\r\n" % (len(data), data)
+    raise TypeError(f"cannot send {type(arg).__name__} to Redis")
 
 
 def pack(commands: Sequence[Sequence[Any]]) -> bytes:
