@@ -285,8 +285,14 @@ async def demo(args: argparse.Namespace) -> int:
         two = args.name == "two-process"
         store = with_team(args.store, research_writer.TEAM) if args.store else None
         return await research_writer.run(root, args.model, True, two, store)
-    if args.store and args.name != "two-hosts":
-        raise UsageError(f"--store is for research-writer and two-process, not {args.name}")
+    if args.name == "two-hosts":
+        from teamrt.demos import two_hosts
+
+        return await two_hosts.run(root, args.store)
+    if args.store:
+        raise UsageError(
+            f"--store is for research-writer, two-process and two-hosts, not {args.name}"
+        )
     if args.name == "conductor":
         from teamrt.demos import conductor
 

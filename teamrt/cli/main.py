@@ -265,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
         "in its own process. service: a Starlette app runs the team in its lifespan. "
         "conductor: a planner and builders get a small Python package through its pytest "
         "checks. exchange: a lead and a worker in another process trade raw requests. "
+        "two-hosts: a lead and a writer as two processes sharing only a Redis server (a "
+        "private redis-server unless --store names one); the writer is killed mid-task and a "
+        "new incarnation answers once the old lease has expired. "
         "With --model openai, every model of the first four (in every process) is an "
         "OpenAIModel: set OPENAI_MODEL, and OPENAI_API_KEY, or OPENAI_BASE_URL alone for a "
         "server that needs no key; TEAMRT_PRICES gives prices "
@@ -276,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         "name",
         nargs="?",
         default="research-writer",
-        choices=["research-writer", "two-process", "service", "conductor", "exchange"],
+        choices=["research-writer", "two-process", "two-hosts", "service", "conductor", "exchange"],
     )
     demo.add_argument(
         "--model",
@@ -289,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--store",
         default=os.environ.get("TEAMRT_STORE") or None,
-        help="run research-writer or two-process with its inboxes in this store instead "
+        help="run research-writer, two-process or two-hosts with its inboxes in this store "
         "(redis://HOST:PORT/DB; the team is the demo's own); default: $TEAMRT_STORE",
     )
     demo.set_defaults(run=_demo, is_async=False)

@@ -43,6 +43,7 @@ from teamrt.envelopes import (
 )
 from teamrt.errors import (
     EnvelopeTooLarge,
+    LeaseLost,
     MailboxClosed,
     OutcomeUnknown,
     PartialBroadcast,
@@ -157,7 +158,10 @@ class Mailboxes:
             with anyio.CancelScope(shield=True):
                 try:
                     for inbox in self._inboxes.values():
-                        await inbox.flush()  # acks made with ack_nowait() are not lost on close
+                        try:
+                            await inbox.flush()  # acks made with ack_nowait() are not lost
+                        except LeaseLost as exc:  # its new holder gets the unacked mail again
+                            log.warning("%s: acks not committed on close: %s", inbox.name, exc)
                 finally:
                     for inbox in self._inboxes.values():
                         await inbox._close()
