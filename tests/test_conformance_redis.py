@@ -43,13 +43,3 @@ class TestRedisStore(MailboxConformance):
             yield StoreHarness(make_store, write_raw, expire_lease, shared_redis.outage)
         finally:
             client.close()
-
-    @pytest.mark.xfail(
-        strict=True,
-        reason="Mailboxes.__aexit__ flushes the inbox whose lease was lost, and its flush "
-        "re-raises that inbox's refused commit (LeaseLost); the test's body passes",
-    )
-    async def test_an_expired_lease_is_lost_and_its_commits_refused(
-        self, harness: StoreHarness
-    ) -> None:
-        await super().test_an_expired_lease_is_lost_and_its_commits_refused(harness)
