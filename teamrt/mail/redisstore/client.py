@@ -17,6 +17,7 @@ an ambiguous outcome.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import socket
 from collections.abc import Sequence
@@ -44,7 +45,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from teamrt.errors import OutcomeUnknown, StoreError, StoreUnavailable
+from teamrt.errors import OutcomeUnknown, StoreError, StoreUnavailable, UsageError
 from teamrt.mail.redisstore.keys import Locator
 from teamrt.mail.redisstore.scripts import Script
 
@@ -71,6 +72,18 @@ def connection_kwargs(
     connection_class = kwargs.pop("connection_class", Connection)
     if connection_class not in (Connection, SSLConnection, UnixDomainSocketConnection):
         raise StoreError(f"unsupported Redis connection in {locator.shown}")
+    known = {
+        name
+        for cls in connection_class.__mro__
+        if "__init__" in vars(cls)
+        for name in inspect.signature(vars(cls)["__init__"]).parameters
+    }
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise UsageError(
+            f"unknown option {', '.join(unknown)} in the Redis locator {locator.shown} (teamrt "
+            "takes team, prefix and lease_ttl; the others are redis-py's connection options)"
+        )
     kwargs.setdefault("socket_timeout", socket_timeout)
     kwargs.setdefault("socket_connect_timeout", connect_timeout)
     if connection_class is not UnixDomainSocketConnection:

@@ -42,7 +42,7 @@ class Locator:
     """A parsed `redis://host:port/db?team=NAME` (or `rediss://`): the server and the team.
 
     `url` is what redis-py is given (teamrt's own query parameters removed); `shown` is the
-    locator without a password, for messages.
+    locator without a password, for messages; `lease_ttl` is `?lease_ttl=SECONDS` if given.
     """
 
     url: str
@@ -52,6 +52,7 @@ class Locator:
     port: int
     db: int
     shown: str
+    lease_ttl: float | None = None
 
     @property
     def address(self) -> str:
@@ -61,20 +62,31 @@ class Locator:
 def parse_locator(url: str, *, team: str | None = None, prefix: str | None = None) -> Locator:
     """Parse a Redis locator. The team comes from `?team=NAME` or the `team` argument (which
     must agree if both are given); `?prefix=` or `prefix` sets the key prefix (default
-    "teamrt"). Other query parameters are left for redis-py."""
+    "teamrt"); `?lease_ttl=SECONDS` the lease time limit of a team created through it. Other
+    query parameters are left for redis-py (its connection options, e.g. `ssl_ca_certs`)."""
     if not is_redis_locator(url):
         raise UsageError(f"not a Redis locator: {url!r} (expected redis://host:port/db?team=NAME)")
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     rest: list[tuple[str, str]] = []
-    url_team = url_prefix = None
+    url_team = url_prefix = url_ttl = None
     for key, value in query:
         if key == "team":
             url_team = value
         elif key == "prefix":
             url_prefix = value
+        elif key == "lease_ttl":
+            url_ttl = value
         else:
             rest.append((key, value))
+    lease_ttl = None
+    if url_ttl is not None:
+        try:
+            lease_ttl = float(url_ttl)
+        except ValueError:
+            lease_ttl = -1.0
+        if not lease_ttl > 0:
+            raise UsageError(f"lease_ttl={url_ttl!r} in {_hide_password(url)!r}: give seconds")
     if team is not None and url_team is not None and team != url_team:
         raise UsageError(f"the locator names team {url_team!r} but team={team!r} was given")
     name = team if team is not None else url_team
@@ -90,7 +102,9 @@ def parse_locator(url: str, *, team: str | None = None, prefix: str | None = Non
             raise UsageError(f"invalid Unix socket locator {_hide_password(url)!r}")
         redis_url = f"unix://{parts.netloc}{parts.path}?{urlencode(rest)}"  # keeps the //
         shown = f"unix://{parts.path}?{urlencode([('db', db_text), ('team', name)])}"
-        return Locator(redis_url, name, chosen_prefix, parts.path, 0, int(db_text), shown)
+        return Locator(
+            redis_url, name, chosen_prefix, parts.path, 0, int(db_text), shown, lease_ttl
+        )
     try:
         port = parts.port or 6379
     except ValueError:
@@ -103,7 +117,7 @@ def parse_locator(url: str, *, team: str | None = None, prefix: str | None = Non
     host = parts.hostname or "localhost"
     shown_netloc = f"{host}:{port}"
     shown = urlunsplit((parts.scheme, shown_netloc, f"/{db}", urlencode([("team", name)]), ""))
-    return Locator(redis_url, name, chosen_prefix, host, port, db, shown)
+    return Locator(redis_url, name, chosen_prefix, host, port, db, shown, lease_ttl)
 
 
 def _hide_password(url: str) -> str:

@@ -229,10 +229,13 @@ class RedisReader(InboxReader):
             raise UsageError(f"a tail reader of {self.name}'s inbox cannot commit a cursor")
         store = self._store
         record = store.lease_record(self.name)
-        if record is None:
+        # a lease this store object released (a Team that stopped before its mailboxes flushed
+        # their last acks) still fences the commit: it passes while nobody took the lease since
+        fence = record.fence if record is not None else store.released_fence(self.name)
+        if fence is None:
             raise LeaseLost(
                 f"{self.name}'s cursor cannot be committed: this process does not hold its "
-                "lease (it was released or lost)"
+                "lease (it never took it, or lost it to another holder)"
             )
         cursor = dataclasses.replace(cursor, tail=store.epoch)
         data = json.dumps(cursor.to_json_dict(), separators=(",", ":"))
@@ -244,9 +247,9 @@ class RedisReader(InboxReader):
                 [
                     store.epoch,
                     self.name,
-                    record.fence,
-                    store.holder_text(record),
-                    store.lease_ttl_ms,
+                    fence,
+                    store.holder_text(record) if record is not None else "",
+                    store.lease_ttl_ms if record is not None else 0,
                     data,
                 ],
                 f"commit {self.name}'s cursor",

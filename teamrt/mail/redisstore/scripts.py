@@ -203,9 +203,11 @@ return 0
 """,
 )
 
-#: Commit a cursor if the lease is held with this fence (or expired and taken by nobody since,
-#: in which case it is taken again). KEYS: meta, fences, lease, cursor.
-#: ARGV: epoch, name, fence, holder, ttl in ms, cursor JSON. Returns the cursor's generation.
+#: Commit a cursor if the lease is held with this fence, or expired (or was released) and taken
+#: by nobody since: then a holder (ttl > 0) takes it again, and a store object that released it
+#: (ttl 0: its last acks flushed on close) commits without taking it. KEYS: meta, fences,
+#: lease, cursor. ARGV: epoch, name, fence, holder, ttl in ms, cursor JSON. Returns the
+#: cursor's generation.
 COMMIT = Script(
     "commit",
     """#!lua
@@ -219,7 +221,7 @@ if value then
     return redis.error_reply('TEAMRT_LEASE ' .. value)
   end
 elseif redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[3] then
-  redis.call('SET', KEYS[3], prefix .. ARGV[4], 'PX', ARGV[5])
+  if ARGV[5] ~= '0' then redis.call('SET', KEYS[3], prefix .. ARGV[4], 'PX', ARGV[5]) end
 else
   return redis.error_reply('TEAMRT_LEASE -')
 end

@@ -68,9 +68,10 @@ class RedisStore(Store):
       that the server runs with `appendonly yes` and `appendfsync always` (an acknowledged
       send is on the server's disk) and raises `DurabilityError` if it does not, or if the
       server does not allow `CONFIG GET`.
-    - `max_envelope` and `lease_ttl` (seconds a member's lease lasts without a renewal; the
-      holder renews it every second) are fixed for the team when it is created; the team's
-      values win afterwards, so every process agrees on them.
+    - `max_envelope` and `lease_ttl` (seconds a member's lease lasts without a renewal, 5 by
+      default or `?lease_ttl=` in the URL; the holder renews it every second) are fixed for the
+      team when it is created; the team's values win afterwards, so every process agrees on
+      them.
     - `create=False` refuses to create a team that does not exist (for tools that join one).
     - `socket_timeout`: how long a command waits for its answer before it fails as
       `OutcomeUnknown` (a change) or `StoreUnavailable` (a read); `connect_timeout`: how long
@@ -99,16 +100,22 @@ class RedisStore(Store):
         durability: Durability = "none",
         max_envelope: int = DEFAULT_MAX_ENVELOPE,
         prefix: str | None = None,
-        lease_ttl: float = LEASE_STALE_AFTER,
+        lease_ttl: float | None = None,
         create: bool = True,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         if durability not in ("none", "fsync"):
             raise UsageError(f"durability must be 'none' or 'fsync', not {durability!r}")
-        if lease_ttl <= 0 or socket_timeout <= 0 or connect_timeout <= 0:
+        if (
+            (lease_ttl is not None and lease_ttl <= 0)
+            or socket_timeout <= 0
+            or connect_timeout <= 0
+        ):
             raise UsageError("lease_ttl, socket_timeout and connect_timeout must be positive")
         self.locator: Locator = parse_locator(url, team=team, prefix=prefix)
+        if lease_ttl is None:
+            lease_ttl = self.locator.lease_ttl or LEASE_STALE_AFTER
         self.team = self.locator.team
         self.shown = self.locator.shown
         self.keys = TeamKeys(self.locator.prefix, self.team)
@@ -123,6 +130,7 @@ class RedisStore(Store):
         self.epoch = ""  # set by open(); kept for the life of this object
         self.created_at: float | None = None
         self._roster: tuple[str, ...] = ()
+        self._fences: dict[str, int] = {}  # member -> fence of the last lease taken here
         self.watcher = Watcher(self)
 
     def __repr__(self) -> str:
@@ -480,7 +488,14 @@ class RedisStore(Store):
 
     async def _lock_member(self, name: str, holder: str) -> tuple[object, int]:
         self._check_open()
-        return await leases.lock_member(self, name, holder)
+        token, fence = await leases.lock_member(self, name, holder)
+        self._fences[name] = fence
+        return token, fence
+
+    def released_fence(self, name: str) -> int | None:
+        """The fence of the last lease on `name` this store object took (held or released; the
+        commit script decides whether it still fences a commit)."""
+        return self._fences.get(name)
 
     async def _describe_holder(self, record: LeaseRecord, holder: str) -> None:
         await leases.describe_holder(self, record, holder)
