@@ -8,7 +8,6 @@ pause or wipe it) or `shared_redis` (one per test session, each test on its own 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import socket
@@ -21,10 +20,6 @@ from pathlib import Path
 import pytest
 
 REDIS_SERVER = shutil.which("redis-server")
-
-needs_redis = pytest.mark.skipif(
-    REDIS_SERVER is None, reason="redis-server is not installed (apt-get install redis-server)"
-)
 
 
 def free_port() -> int:
@@ -179,11 +174,3 @@ def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
     finally:
         server.stop()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

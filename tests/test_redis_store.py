@@ -120,6 +120,8 @@ def test_locators() -> None:
     with pytest.raises(UsageError, match="unknown option colour"):
         RedisStore("redis://h/0?team=t&colour=blue")
     assert RedisStore("redis://h/0?team=t&lease_ttl=2").lease_ttl_ms == 2000
+    with pytest.raises(UsageError, match="too short"):
+        RedisStore("redis://h/0?team=t", lease_ttl=0.5)
     unix = parse_locator("unix:///run/redis/redis.sock?db=3&team=t&prefix=p")
     assert (unix.host, unix.port, unix.db, unix.address) == (
         "/run/redis/redis.sock",

@@ -34,6 +34,7 @@ from teamrt.mail.redisstore.reader import RedisReader
 from teamrt.mail.redisstore.watcher import Watcher
 from teamrt.mail.store import (
     DEFAULT_MAX_ENVELOPE,
+    HEARTBEAT_INTERVAL,
     LEASE_STALE_AFTER,
     Capabilities,
     Durability,
@@ -116,6 +117,11 @@ class RedisStore(Store):
         self.locator: Locator = parse_locator(url, team=team, prefix=prefix)
         if lease_ttl is None:
             lease_ttl = self.locator.lease_ttl or LEASE_STALE_AFTER
+        if lease_ttl < 2 * HEARTBEAT_INTERVAL:
+            raise UsageError(
+                f"lease_ttl={lease_ttl:g} is too short: holders renew their leases every "
+                f"{HEARTBEAT_INTERVAL:g} s, so give at least {2 * HEARTBEAT_INTERVAL:g} s"
+            )
         self.team = self.locator.team
         self.shown = self.locator.shown
         self.keys = TeamKeys(self.locator.prefix, self.team)
