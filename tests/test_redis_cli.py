@@ -122,7 +122,7 @@ def test_the_two_hosts_demo_survives_a_killed_writer(
     assert "the old lease expired" in out
     assert "the answer came from the new incarnation" in out
     assert "the writer's inbox holds 0 unhandled" in out  # answered, and committed
-    snapshot = tmp_path / "two-hosts" / "snapshot" / "two-hosts"
+    (snapshot,) = (tmp_path / "two-hosts" / "snapshot").iterdir()
     inspected = teamrt("inspect", str(snapshot), "--json")
     assert inspected.returncode == 0, inspected.stderr
     notes = sorted(p.name for p in (tmp_path / "two-hosts" / "host-b" / "notes").glob("*.md"))

@@ -211,8 +211,8 @@ async def _run(base: Path, url: str) -> int:
     written = sorted(p.name for p in (host_b / "notes").glob("*.md"))
     print(f"demo: host B's notes/: {', '.join(written)}; the writer's journal: "
           f"{host_b / 'agents' / 'writer.state.jsonl'}")  # fmt: skip
-    snapshot = base / "snapshot" / TEAM
     with open_view(url) as view:
+        snapshot = base / "snapshot" / view.team
         export_team(view, snapshot)  # the private server goes when the demo ends; files stay
     print(f"demo: the team exported to {snapshot} (what `teamrt export` does)")
     print(f"Look at the team:  teamrt inspect {snapshot}")
