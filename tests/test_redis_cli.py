@@ -129,6 +129,13 @@ def test_the_two_hosts_demo_survives_a_killed_writer(
     assert notes == ["1.md", "2.md", "3.md"]
     # the second incarnation resumed the task: the section written before the kill was not
     # written again (its file names the first process)
+    host_b = tmp_path / "two-hosts" / "host-b"
+    rerun = teamrt(
+        "rerun", redis_server.url("two-hosts"), "--agent", "writer",
+        "--spec", "teamrt.demos.two_hosts:writer", cwd=host_b,
+    )  # fmt: skip
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr  # the journal on host B, by default
+    assert "the same again" in rerun.stdout
     first_pid = (tmp_path / "two-hosts" / "host-b" / "notes" / "1.md").read_text()
     last_pid = (tmp_path / "two-hosts" / "host-b" / "notes" / "3.md").read_text()
     assert first_pid.split("pid ")[1] != last_pid.split("pid ")[1]
