@@ -18,7 +18,7 @@ import anyio
 from teamrt.cli.send import team_at, team_dir
 from teamrt.errors import TeamrtError, UsageError
 from teamrt.mail import open_mailboxes, open_view
-from teamrt.mail.locator import with_team
+from teamrt.mail.locator import is_url, with_team
 from teamrt.names import validate_name
 
 
@@ -137,7 +137,7 @@ async def rerun(args: argparse.Namespace) -> int:
     from teamrt.agents.tools import Tool, tool
     from teamrt.rerun import rerun
 
-    team_dir(args.dir)
+    args.dir = team_at(args.dir)
     validate_name(args.agent, what="agent name (--agent)")
     tools: list[Tool] = []
     instructions = ""
@@ -145,9 +145,7 @@ async def rerun(args: argparse.Namespace) -> int:
         teammate = load_teammate(args.spec)
         tools = [t if isinstance(t, Tool) else tool(t) for t in teammate.tools]
         instructions = teammate.instructions
-    report, divergence, recorded = await rerun(
-        Path(args.dir) / "agents", args.agent, tools, instructions
-    )
+    report, divergence, recorded = await rerun(_agent_dir(args), args.agent, tools, instructions)
     if divergence is None:
         print(
             f"rerun of {args.agent}: {recorded} recorded steps, the same again "
@@ -265,9 +263,9 @@ def _agent_dir(args: argparse.Namespace) -> Path:
     agents/ (for a team in a network store: ./agents of the working directory)."""
     if getattr(args, "agent_dir", None):
         return Path(args.agent_dir)
-    with open_view(args.dir) as view:
-        root = view.directory
-    return (root if root is not None else Path.cwd()) / "agents"
+    if not is_url(args.dir):
+        return Path(args.dir) / "agents"
+    return Path.cwd() / "agents"
 
 
 async def demo(args: argparse.Namespace) -> int:

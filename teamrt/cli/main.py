@@ -193,8 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
         "return what they returned in the recording. Reports the first step that differs "
         "(exit code 1) or that the run is the same (0).",
     )
-    rerun.add_argument("dir", help="team directory (its agents/ folder holds the transcripts)")
+    rerun.add_argument(
+        "dir", nargs="?", help=TEAM_HELP + " (a team directory's agents/ holds the transcripts)"
+    )
     rerun.add_argument("--agent", required=True, help="the agent to re-run")
+    rerun.add_argument(
+        "--agent-dir",
+        help="the folder of the agent's transcript (default: the team directory's agents/, "
+        "or ./agents for a team in a store URL: where run-agent --agent-dir put it)",
+    )
     rerun.add_argument(
         "--spec",
         help="module:object naming the agent's Teammate (its tools and "

@@ -34,7 +34,7 @@ import anyio.abc
 from teamrt.agents.tools import tool
 from teamrt.envelopes import Envelope
 from teamrt.errors import TeamrtError, UsageError
-from teamrt.mail import open_mailboxes, open_store, open_view
+from teamrt.mail import export_team, open_mailboxes, open_store, open_view
 from teamrt.mail.locator import describe, with_team
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.team import TASK, TaskResult, Teammate
@@ -196,6 +196,8 @@ async def _run(base: Path, url: str) -> int:
                     await answered.wait()
             result = answer[0]
             print(f"lead (host A): the answer came from the new incarnation: {result.answer}")
+            with anyio.move_on_after(5):  # the writer commits its cursor just after answering
+                await _until(lambda: _waiting(url) == 0, "the writer's commit")
             _show(url, "after the answer")
         finally:
             for process in (first, second):
@@ -209,8 +211,12 @@ async def _run(base: Path, url: str) -> int:
     written = sorted(p.name for p in (host_b / "notes").glob("*.md"))
     print(f"demo: host B's notes/: {', '.join(written)}; the writer's journal: "
           f"{host_b / 'agents' / 'writer.state.jsonl'}")  # fmt: skip
-    print(f"Look at the team:  teamrt inspect '{url}'")
-    print(f"Copy it to files:  teamrt export '{url}' {base / 'snapshot' / TEAM}")
+    with open_view(url) as view:
+        snapshot = base / "snapshot" / view.team
+        export_team(view, snapshot)  # the private server goes when the demo ends; files stay
+    print(f"demo: the team exported to {snapshot} (what `teamrt export` does)")
+    print(f"Look at the team:  teamrt inspect {snapshot}")
+    print(f"Replay the run:    teamrt replay {snapshot}")
     return 0 if len(written) == len(SECTIONS) else 1
 
 
@@ -233,14 +239,18 @@ def _sections(host: Path) -> int:
     return len(list((host / "notes").glob("*.md"))) if (host / "notes").exists() else 0
 
 
+def _waiting(url: str) -> int:
+    """Envelopes in the writer's inbox past its committed cursor."""
+    with open_view(url) as view:
+        return sum(1 for _ in view.scan("writer", after=view.committed("writer").position))
+
+
 def _show(url: str, when: str) -> None:
     """The writer's inbox as the store sees it."""
     with open_view(url) as view:
-        cursor = view.committed("writer")
-        waiting = sum(1 for e in view.scan("writer", after=cursor.position))
         holder = view.holder("writer") or "nobody"
-        print(f"demo ({when}): the writer's inbox holds {waiting} unhandled envelope(s); "
-              f"its lease: {holder}")  # fmt: skip
+    print(f"demo ({when}): the writer's inbox holds {_waiting(url)} unhandled envelope(s); "
+          f"its lease: {holder}")  # fmt: skip
 
 
 async def _until(condition: object, what: str, timeout: float = 60) -> None:
