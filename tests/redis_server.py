@@ -21,6 +21,11 @@ import pytest
 
 REDIS_SERVER = shutil.which("redis-server")
 
+#: For tests that need redis-server installed but start it themselves (or through a command).
+needs_redis = pytest.mark.skipif(
+    REDIS_SERVER is None, reason="redis-server is not installed (apt-get install redis-server)"
+)
+
 
 def free_port() -> int:
     with socket.socket() as s:
