@@ -198,6 +198,10 @@ def load_teammate(spec: str) -> Any:
 def bench(args: argparse.Namespace) -> int:
     from teamrt.cli.bench import run_bench
 
+    if args.store is not None:
+        from teamrt.cli.bench_store import run_store_bench
+
+        return run_store_bench(args.store, quick=args.quick, as_json=args.json)
     if args.dir is not None and os.path.exists(args.dir) and not os.path.isdir(args.dir):
         raise UsageError(f"--dir {args.dir} is a file; give a directory for the scratch teams")
     return run_bench(

@@ -224,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--dir", help="where to put scratch teams (default: a temp dir)")
     bench.add_argument(
+        "--store",
+        metavar="URL",
+        help="measure the Redis store instead, beside a raw redis-py floor on the same server: "
+        "a redis:// URL, or `redis` to start a private redis-server",
+    )
+    bench.add_argument(
         "--only",
         choices=[
             *("sends", "contention", "round_trips", "wakes", "depth", "agent", "team", "replay"),

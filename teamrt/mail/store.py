@@ -79,7 +79,9 @@ class InboxReader(ABC):
     """The owner's view of one inbox: records from the committed cursor on, and commits.
 
     Entries come out in the inbox's order, each exactly once across `read_nowait` and `fetch`,
-    until the reader is started again.
+    until the reader is started again. A network store hands `read_nowait` what had arrived when
+    the reader started and what its own store object appended since (so that a receive right
+    after a send in one process finds it), besides what its watcher brought.
     """
 
     @abstractmethod
@@ -100,7 +102,9 @@ class InboxReader(ABC):
 
     @abstractmethod
     def has_new(self) -> bool:
-        """True if a read might return something (cheap, never raises; for the rescan)."""
+        """True if `read_nowait` would return something (cheap, never raises). A receiver that
+        waits checks it before sleeping, so it must not be true when `read_nowait` would return
+        nothing (it would spin); what only `fetch` can find, the periodic rescan finds."""
 
     @abstractmethod
     async def commit(self, cursor: Cursor) -> None:

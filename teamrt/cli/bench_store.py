@@ -1,10 +1,12 @@
-"""RedisStore beside a raw redis-py floor on the same private redis-server.
+"""`teamrt bench --store redis://...`: the Redis store beside a raw redis-py floor on one server.
 
-    python benchmarks/redis_store.py [--rounds 5] [--appendfsync everysec|always] [--url URL]
+    teamrt bench --store redis://HOST:PORT/DB [--quick] [--json]
+    teamrt bench --store redis [--quick]     # a private redis-server the bench starts
 
-Starts its own redis-server (127.0.0.1, a free port, a temporary directory, the append-only file
-on) unless `--url` names one, and measures, in interleaved rounds (store, then raw, each round),
-reporting medians over the rounds:
+With `--store redis` it starts its own redis-server (127.0.0.1, a free port, a temporary
+directory, the append-only file on, appendfsync everysec) and stops it at the end; with a URL
+it uses that server (a team of its own, deleted afterwards). It measures, in interleaved rounds
+(store, then raw, each round), reporting medians over the rounds:
 
 - round trip: a message to an echo process and its answer back, p50 and p99. The store: two
   `Mailboxes` (send, receive, ack); the floor: XADD, and the echo's XREAD BLOCK + XADD back,
@@ -18,6 +20,7 @@ reporting medians over the rounds:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -35,13 +38,11 @@ from typing import Any
 import anyio
 import redis.asyncio
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from teamrt.envelopes import Envelope  # noqa: E402
-from teamrt.mail.log import encode  # noqa: E402
-from teamrt.mail.mailboxes import Mailboxes  # noqa: E402
-from teamrt.mail.redisstore import RedisStore  # noqa: E402
+from teamrt.envelopes import Envelope
+from teamrt.errors import MemberBusy, UsageError
+from teamrt.mail.log import encode
+from teamrt.mail.mailboxes import Mailboxes
+from teamrt.mail.redisstore import RedisStore
 
 PAYLOAD = {"text": "x" * 150, "step": 1}  # about 250 bytes encoded, like a small message
 
@@ -52,7 +53,10 @@ PAYLOAD = {"text": "x" * 150, "step": 1}  # about 250 bytes encoded, like a smal
 def start_server(directory: Path, appendfsync: str) -> tuple[subprocess.Popen[bytes], int]:
     binary = shutil.which("redis-server")
     if binary is None:
-        sys.exit("redis-server is not installed (apt-get install redis-server), or pass --url")
+        raise UsageError(
+            "--store redis starts a private redis-server, and none is installed "
+            "(apt-get install redis-server); or give a server: --store redis://HOST:PORT/DB"
+        )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -77,7 +81,7 @@ def start_server(directory: Path, appendfsync: str) -> tuple[subprocess.Popen[by
         except OSError:
             time.sleep(0.02)
     process.kill()
-    sys.exit("redis-server did not start")
+    raise UsageError("redis-server did not start within 20 s")
 
 
 # -- the echo processes --------------------------------------------------------------------------
@@ -158,13 +162,11 @@ async def echo_raw(url: str, stream: str, flavour: str) -> None:
 
 def start_echo(mode: str, *args: str) -> subprocess.Popen[bytes]:
     child = subprocess.Popen(
-        [sys.executable, __file__, "--echo", mode, *args],
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        [sys.executable, "-m", "teamrt.cli.bench_store", mode, *args], stdout=subprocess.PIPE
     )
     assert child.stdout is not None
     if child.stdout.readline() != b"ready\n":
-        sys.exit(f"the {mode} echo process did not start")
+        raise UsageError(f"the bench's {mode} echo process did not start")
     return child
 
 
@@ -208,7 +210,7 @@ async def timed(action: Callable[[], Awaitable[object]], count: int) -> float:
     return count / (time.perf_counter() - start)
 
 
-async def main(args: argparse.Namespace) -> None:
+async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
     work = Path(tempfile.mkdtemp(prefix="teamrt-redis-bench-"))
     server = None
     if args.url:
@@ -317,7 +319,8 @@ async def main(args: argparse.Namespace) -> None:
 
                 note("drain/s store", await timed(drain_store, total))
                 note("drain/s raw", await timed(drain_raw, total))
-                print(f"round {round_ + 1} of {args.rounds} done", file=sys.stderr)
+                print(f"teamrt bench --store: round {round_ + 1} of {args.rounds} done",
+                      file=sys.stderr, flush=True)  # fmt: skip
             tg.cancel_scope.cancel()
         api_reader.close()
         await api.close()
@@ -328,17 +331,21 @@ async def main(args: argparse.Namespace) -> None:
         for child in children:
             child.send_signal(signal.SIGTERM)
             child.wait(10)
+        if server is None:  # a server of the user's: the bench's own team goes
+            await _destroy_when_free(url)
         if server is not None:
             server.terminate()
             server.wait(10)
         shutil.rmtree(work, ignore_errors=True)
-    report(results, args)
+    return results
 
 
 def report(results: dict[str, list[float]], args: argparse.Namespace) -> None:
     fsync = args.appendfsync if not args.url else "as the server has it"
-    print(f"RedisStore vs raw redis-py (hiredis, RESP2), appendfsync {fsync}, ")
-    print(f"medians of {args.rounds} interleaved rounds; the floor is redis-py with its defaults")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"teamrt bench --store: RedisStore vs raw redis-py (hiredis, RESP2), appendfsync {fsync}")
+    print(f"medians of {args.rounds} interleaved rounds; the floor is redis-py with its defaults;")
+    print(f"{os.cpu_count()} cpus, load average {load}")
     print(f"{'measure':<32} {'store':>10} {'raw floor':>10} {'ratio':>8}  target")
 
     def row(name: str, s: float, r: float, target: str = "", ok: bool | None = None) -> None:
@@ -364,28 +371,53 @@ def report(results: dict[str, list[float]], args: argparse.Namespace) -> None:
         row(name, s, r, ">= 0.8x", s >= 0.8 * r)
 
 
-def cli() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--pings", type=int, default=300)
-    parser.add_argument("--sends", type=int, default=2000)
-    parser.add_argument("--batched", type=int, default=20000)
-    parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always", "no"])
-    parser.add_argument("--url", help="an existing server (redis://host:port/db) instead")
-    parser.add_argument("--echo", nargs="+", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.echo:
-        mode, *rest = args.echo
-        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-        echoes: dict[str, Callable[..., Awaitable[None]]] = {
-            "store": echo_store,
-            "api": echo_store_api,
-            "raw": echo_raw,
-        }
-        anyio.run(echoes[mode], *rest)
-        return
-    anyio.run(main, args)
+async def _destroy_when_free(url: str) -> None:
+    """Delete the bench's team once the echo processes' leases have expired."""
+    with anyio.move_on_after(15):
+        while True:
+            try:
+                await RedisStore(url).destroy()
+                return
+            except MemberBusy:
+                await anyio.sleep(0.5)
+    print(f"teamrt bench: the team in {url} was left behind (its leases did not expire)")
+
+
+def run_store_bench(store: str, *, quick: bool = False, as_json: bool = False) -> int:
+    """`teamrt bench --store STORE`: STORE is `redis` (a private server) or a Redis URL."""
+    if store != "redis" and not store.startswith(("redis://", "rediss://", "unix://")):
+        raise UsageError(
+            f"--store {store!r}: give a Redis URL (redis://HOST:PORT/DB), or `redis` for a "
+            "private redis-server (the file store is what `teamrt bench` measures by default)"
+        )
+    args = argparse.Namespace(
+        url=None if store == "redis" else store,
+        rounds=3 if quick else 5,
+        pings=150 if quick else 300,
+        sends=1000 if quick else 2000,
+        batched=10000 if quick else 20000,
+        appendfsync="everysec",
+    )
+    results = anyio.run(measure, args)
+    if as_json:
+        medians = {name: statistics.median(values) for name, values in results.items()}
+        print(json.dumps({"store": "redis", "rounds": args.rounds, "medians": medians}, indent=2))
+    else:
+        report(results, args)
+    return 0
+
+
+def _echo_main() -> None:
+    """A child of the bench: `python -m teamrt.cli.bench_store MODE ARGS...`."""
+    mode, *rest = sys.argv[1:]
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    echoes: dict[str, Callable[..., Awaitable[None]]] = {
+        "store": echo_store,
+        "api": echo_store_api,
+        "raw": echo_raw,
+    }
+    anyio.run(echoes[mode], *rest)
 
 
 if __name__ == "__main__":
-    cli()
+    _echo_main()
