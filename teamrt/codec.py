@@ -1,0 +1,509 @@
+"""The envelope line codec without pydantic on the hot path: orjson encoding, typed decoding.
+
+Theory of operation. `encode` writes exactly the bytes pydantic's serializer writes for an
+envelope (the fields after `seq` and `team`, compact, without the opening brace), but through
+orjson, whose serialization costs about a third of pydantic's (`benchmarks/codec.py` measures
+the whole of `encode`, checks included). The two agree on everything an envelope normally holds
+(field order, UTF-8 output with only `"`, `\\` and control characters escaped, float formatting,
+nested lists and dicts); wherever they could disagree, the envelope goes to pydantic instead:
+
+- ints beyond 64 bits, dict keys that are not str, lone surrogates, nesting deeper than orjson's
+  limit, and any type that is not plain JSON data (datetimes, dataclasses, bytes, subclasses of
+  str, int, float, dict or list, models...), which orjson refuses here;
+- NaN and Infinity, which orjson writes as `null` where pydantic writes `NaN` / `Infinity` (and
+  `check_finite` then refuses the envelope): `ts` and `deadline` are checked directly, and a list
+  or dict body is searched for non-finite floats before its bytes are used (a long one only if
+  its encoding holds a `null`);
+- `v`, `ts` or `deadline` of another type than declared (pydantic's typed serializers coerce them),
+  a field model_copy was given that the models do not have, and envelope classes other than the
+  four kinds and their base.
+
+Two differences remain, both out of reach of a validated envelope: an `orjson.Fragment` in a body
+is written as its raw bytes (pydantic refuses it), and a string field given another type through
+model_copy or model_construct is written as pydantic writes it, without pydantic's warning.
+
+`decode_fields` is the typed bulk read: it parses a line with orjson, checks every field against
+the same rules as the pydantic models (`Message`, `Request`, `Response`, `Broadcast`: names,
+literal kinds, string lengths, finite times, required `in_reply_to` on responses, extra fields
+ignored) and the body against its registered payload model, and returns an `EnvelopeFields`
+tuple, without building an envelope. Only the lines teamrt writes, and lines like them, take this
+path; anything it does not accept as it stands (a JSON error, a missing or mistyped field, a value
+pydantic would coerce such as `"seq": "5"` or `"ts": 5`, a number orjson and pydantic could parse
+differently, a missing `id` or `ts`) is handed to pydantic, which decides exactly as
+`teamrt.mail.log.decode_line` does and gives the same reason for a rejection. So a line is
+accepted or refused, with the same reason, exactly as `decode_line` would; rejections (quarantined
+lines) are rare and may cost what they cost today.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, Final, NamedTuple, NoReturn, TypeAlias
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from teamrt.envelopes import (
+    ENVELOPE_ADAPTER,
+    Broadcast,
+    Envelope,
+    Message,
+    Request,
+    Response,
+    payload_model,
+)
+from teamrt.names import NAME_PATTERN
+
+__all__ = ["EnvelopeFields", "decode_fields", "encode", "encode_with_pydantic"]
+
+#: The envelope's fields, in the order they are written.
+FIELD_NAMES: Final = (
+    "seq",
+    "team",
+    "v",
+    "id",
+    "kind",
+    "type",
+    "sender",
+    "recipient",
+    "in_reply_to",
+    "trace_id",
+    "traceparent",
+    "ts",
+    "deadline",
+    "body",
+)
+_ALL_FIELDS: Final = frozenset(FIELD_NAMES)
+_CLASS_BY_KIND: Final[dict[str, type[Message | Request | Response | Broadcast]]] = {
+    "message": Message,
+    "request": Request,
+    "response": Response,
+    "broadcast": Broadcast,
+}
+_ENCODABLE: Final = frozenset((Envelope, *_CLASS_BY_KIND.values()))
+
+# the codec writes and checks the fields by name: a field added to the models must be added here
+for _cls in _ENCODABLE:
+    if tuple(_cls.model_fields) != FIELD_NAMES:  # pragma: no cover - a guard for model changes
+        raise ImportError(f"teamrt.codec does not know the fields of {_cls.__name__}")
+
+
+# --- encoding ---------------------------------------------------------------------------------
+
+# subclasses of str, int, float, dict and list, dataclasses and datetimes go to `_refuse`, that is
+# to pydantic; orjson still writes enums (by value) and UUIDs itself, as pydantic does
+_OPTIONS: Final = (
+    orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+)
+_INF: Final = float("inf")
+_dumps: Final = orjson.dumps
+# below this many bytes, walking a body costs about what searching its encoding does
+_WALK_BELOW: Final = 512
+
+
+def _refuse(value: object) -> NoReturn:
+    raise TypeError
+
+
+def encode_with_pydantic(envelope: Envelope) -> bytes:
+    """What `encode` returns, through pydantic's serializer (the reference, and the fallback)."""
+    data: bytes = type(envelope).__pydantic_serializer__.to_json(envelope)
+    # seq and team are the first two fields and can hold no '"v":' (an int and a safe name),
+    # so slicing is exact, and cheaper than asking the serializer to exclude them
+    return data[data.index(b'"v":') :]
+
+
+def _plain_and_finite(container: dict[str, Any] | list[Any] | tuple[Any, ...]) -> bool:
+    """True if `container` holds only JSON data (dicts, lists, tuples, str, int, bool, None) and
+    finite floats: then orjson's `null`s in it stand for None, never for NaN or Infinity."""
+    stack: list[Any] = [container]
+    while stack:
+        value = stack.pop()
+        for item in value.values() if type(value) is dict else value:
+            kind = type(item)
+            if kind is float:
+                if not -_INF < item < _INF:
+                    return False
+            elif kind is dict or kind is list or kind is tuple:
+                stack.append(item)
+            elif not (kind is str or kind is int or item is None or kind is bool):
+                return False
+    return True
+
+
+def encode(envelope: Envelope) -> bytes:
+    """The envelope's fields after `seq` and `team` (which `log.stamp` fills in), as compact JSON
+    without the opening brace and without a newline: byte for byte what pydantic writes."""
+    # pydantic keeps the fields in `__dict__` in their declared order (validation, model_copy
+    # and model_construct all do); a 15th key is something model_copy was given: not ours to write
+    fields = envelope.__dict__
+    if type(envelope) in _ENCODABLE and len(fields) == 14:
+        ts = fields["ts"]
+        deadline = fields["deadline"]
+        if (
+            type(ts) is float
+            and -_INF < ts < _INF
+            and (deadline is None or (type(deadline) is float and -_INF < deadline < _INF))
+            and type(fields["v"]) is int
+        ):
+            try:
+                data = _dumps(fields, default=_refuse, option=_OPTIONS)
+            except orjson.JSONEncodeError:
+                return encode_with_pydantic(envelope)
+            body = fields["body"]
+            kind = type(body)
+            if kind is dict or kind is list or kind is tuple:
+                # orjson writes NaN and Infinity as null (pydantic as NaN and Infinity): a short
+                # body is searched for them, a long one only if its bytes hold a null (a ',"'
+                # cannot occur inside a JSON string, so the first ',"body":' is the key)
+                if (
+                    len(data) <= _WALK_BELOW or data.find(b"null", data.find(b',"body":')) >= 0
+                ) and not _plain_and_finite(body):
+                    return encode_with_pydantic(envelope)
+            elif kind is float and not -_INF < body < _INF:
+                return encode_with_pydantic(envelope)
+            # seq and team come first, and a '"v":' can only be a key
+            if data.startswith(b'{"seq":null,"team":null,'):
+                return data[24:]
+            return data[data.index(b'"v":') :]
+    return encode_with_pydantic(envelope)
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+
+class EnvelopeFields(NamedTuple):
+    """The fields of one decoded envelope line, with no pydantic model built.
+
+    A read-only, slotted record (a named tuple): the same attribute names and values as the
+    envelope `decode_line` returns, plus `fields_set` (the fields the line carried, as
+    `model_fields_set`). `to_envelope()` builds that envelope.
+    """
+
+    seq: int
+    team: str | None
+    v: int
+    id: str
+    kind: str
+    type: str
+    sender: str
+    recipient: str
+    in_reply_to: str | None
+    trace_id: str | None
+    traceparent: str | None
+    ts: float
+    deadline: float | None
+    body: Any
+    fields_set: frozenset[str]
+
+    @property
+    def is_error(self) -> bool:
+        """An error response (as `Response.is_error`)."""
+        return self.kind == "response" and self.type == "error"
+
+    def to_envelope(self) -> Message | Request | Response | Broadcast:
+        """The pydantic envelope, equal to what `decode_line` returns for the same line."""
+        (
+            seq,
+            team,
+            v,
+            identifier,
+            kind,
+            type_name,
+            sender,
+            recipient,
+            in_reply_to,
+            trace_id,
+            traceparent,
+            ts,
+            deadline,
+            body,
+            fields_set,
+        ) = self
+        return _construct(
+            _CLASS_BY_KIND[kind],
+            {
+                "seq": seq,
+                "team": team,
+                "v": v,
+                "id": identifier,
+                "kind": kind,
+                "type": type_name,
+                "sender": sender,
+                "recipient": recipient,
+                "in_reply_to": in_reply_to,
+                "trace_id": trace_id,
+                "traceparent": traceparent,
+                "ts": ts,
+                "deadline": deadline,
+                "body": body,
+            },
+            fields_set,
+        )
+
+
+_Constructor: TypeAlias = Callable[
+    [type[Message | Request | Response | Broadcast], dict[str, Any], frozenset[str]],
+    Message | Request | Response | Broadcast,
+]
+
+
+def _construct_public(
+    cls: type[Message | Request | Response | Broadcast],
+    values: dict[str, Any],
+    fields_set: frozenset[str],
+) -> Message | Request | Response | Broadcast:
+    return cls.model_construct(set(fields_set), **values)
+
+
+def _direct_constructor() -> _Constructor | None:
+    """What model_construct does for these models (no extras kept, no private attributes, no
+    post-init), without its per-field Python loop: 0.6 us against 4 us. None if this pydantic
+    keeps more per instance than the four slots this knows."""
+    slots = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+    if getattr(BaseModel, "__slots__", ()) != slots or any(
+        cls.__pydantic_post_init__ for cls in _CLASS_BY_KIND.values()
+    ):
+        return None  # pragma: no cover - a pydantic this was not written for
+    new = object.__new__
+    # the slots' own setters skip BaseModel.__setattr__ (which refuses, the models being frozen)
+    set_dict, set_fields_set, set_extra, set_private = (
+        BaseModel.__dict__[name].__set__ for name in slots
+    )
+
+    def construct(
+        cls: type[Message | Request | Response | Broadcast],
+        values: dict[str, Any],
+        fields_set: frozenset[str],
+    ) -> Message | Request | Response | Broadcast:
+        envelope = new(cls)
+        set_dict(envelope, values)
+        set_fields_set(envelope, set(fields_set))
+        set_extra(envelope, None)
+        set_private(envelope, None)
+        return envelope
+
+    return construct
+
+
+_construct: Final = _direct_constructor() or _construct_public
+
+_name_match: Final = re.compile(NAME_PATTERN.removeprefix("^").removesuffix("$")).fullmatch
+# names repeat (a team has a few members): the ones seen valid are remembered, up to a bound
+_valid_names: set[str] = set()
+_VALID_NAMES_KEPT: Final = 4096
+
+
+def _valid_name(name: str) -> bool:
+    if _name_match(name) is None:
+        return False
+    if len(_valid_names) >= _VALID_NAMES_KEPT:
+        _valid_names.clear()
+    _valid_names.add(name)
+    return True
+
+
+# orjson parses an integer beyond 64 bits as a float, pydantic as an int: a float that large in a
+# line goes to pydantic; so does an int time that a float might not represent exactly
+_BIG: Final = 2.0**63
+_EXACT: Final = 2**53
+# pydantic's JSON parser refuses nesting deeper than 200 levels (orjson's limit is 1024)
+_MAX_DEPTH: Final = 128
+
+
+def _parsed_alike(value: Any, depth: int) -> bool:
+    """True if pydantic's parser reads this container of a line as orjson did."""
+    if depth > _MAX_DEPTH:
+        return False
+    for item in value.values() if type(value) is dict else value:
+        kind = type(item)
+        if kind is float:
+            if not -_BIG < item < _BIG:
+                return False
+        elif (kind is dict or kind is list) and not _parsed_alike(item, depth + 1):
+            return False
+    return True
+
+
+def _extras_alike(obj: dict[str, Any]) -> bool:
+    """Fields the models do not know are ignored, but pydantic parses them all the same."""
+    for key in obj.keys() - _ALL_FIELDS:
+        value = obj[key]
+        kind = type(value)
+        if kind is float:
+            if not -_BIG < value < _BIG:
+                return False
+        elif (kind is dict or kind is list) and not _parsed_alike(value, 2):
+            return False
+    return True
+
+
+def _reason(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":
+        return f"json: {first['msg']}"
+    where = ".".join(str(part) for part in first["loc"]) or "envelope"
+    return f"schema: {where}: {first['msg']}"
+
+
+def _payload_reason(registered: type[BaseModel], body: Any) -> str | None:
+    try:
+        registered.model_validate(body)
+    except ValidationError as exc:
+        return "payload: " + _reason(exc).partition(": ")[2]
+    return None
+
+
+_DEFAULTS: Final[dict[str, Any]] = {
+    "team": None,
+    "v": 1,
+    "type": "text",
+    "recipient": "*",  # only a broadcast's: for the other kinds it fails the name check
+    "in_reply_to": None,  # not a response's: it fails the check there
+    "trace_id": None,
+    "traceparent": None,
+    "deadline": None,
+    "body": None,
+}
+_new_fields = tuple.__new__
+
+
+def _fields(obj: dict[str, Any], fields_set: frozenset[str] = _ALL_FIELDS) -> Any:
+    """Check a parsed line as the models would: `EnvelopeFields`, a payload reason, or None
+    when pydantic must decide. Written out long-hand: it runs once per envelope read."""
+    try:
+        seq = obj["seq"]
+        team = obj["team"]
+        v = obj["v"]
+        identifier = obj["id"]
+        kind = obj["kind"]
+        type_name = obj["type"]
+        sender = obj["sender"]
+        recipient = obj["recipient"]
+        in_reply_to = obj["in_reply_to"]
+        trace_id = obj["trace_id"]
+        traceparent = obj["traceparent"]
+        ts = obj["ts"]
+        deadline = obj["deadline"]
+        body = obj["body"]
+    except KeyError:
+        if fields_set is not _ALL_FIELDS:
+            return None  # a required field is missing
+        # the fields with a fixed default may be left out (lines from before `traceparent`);
+        # `id` and `ts` default to new values, which only pydantic's decode may make
+        return _fields(_DEFAULTS | obj, _ALL_FIELDS.intersection(obj))
+    if (
+        type(seq) is not int
+        or type(v) is not int
+        or (team is not None and type(team) is not str)
+        or type(identifier) is not str
+        or not 0 < len(identifier) <= 64
+        or type(type_name) is not str
+        or not 0 < len(type_name) <= 64
+        or type(sender) is not str
+        or (sender not in _valid_names and not _valid_name(sender))
+        or (trace_id is not None and type(trace_id) is not str)
+        or (traceparent is not None and (type(traceparent) is not str or len(traceparent) > 128))
+    ):
+        return None
+    if kind == "broadcast":
+        if recipient != "*":
+            return None
+    elif kind == "message" or kind == "request" or kind == "response":
+        if type(recipient) is not str or (
+            recipient not in _valid_names and not _valid_name(recipient)
+        ):
+            return None
+    else:
+        return None
+    if kind == "response":
+        if type(in_reply_to) is not str or not 0 < len(in_reply_to) <= 64:
+            return None
+    elif in_reply_to is not None and type(in_reply_to) is not str:
+        return None
+    if type(ts) is not float:
+        if type(ts) is not int or not -_EXACT <= ts <= _EXACT:
+            return None
+        ts = float(ts)
+    elif not -_BIG < ts < _BIG:
+        return None
+    if deadline is not None:
+        if type(deadline) is not float:
+            if type(deadline) is not int or not -_EXACT <= deadline <= _EXACT:
+                return None
+            deadline = float(deadline)
+        elif not -_BIG < deadline < _BIG:
+            return None
+    body_kind = type(body)
+    if body_kind is dict or body_kind is list:
+        if not _parsed_alike(body, 2):
+            return None
+    elif body_kind is float and not -_BIG < body < _BIG:
+        return None
+    if len(obj) > 14 and not _extras_alike(obj):
+        return None
+    registered = payload_model(type_name)
+    if registered is not None:
+        reason = _payload_reason(registered, body)
+        if reason is not None:
+            return reason
+    return _new_fields(
+        EnvelopeFields,
+        (
+            seq,
+            team,
+            v,
+            identifier,
+            kind,
+            type_name,
+            sender,
+            recipient,
+            in_reply_to,
+            trace_id,
+            traceparent,
+            ts,
+            deadline,
+            body,
+            fields_set,
+        ),
+    )
+
+
+def _by_pydantic(line: bytes) -> EnvelopeFields | str:
+    """The slow path: decide as `decode_line` does, through the pydantic models."""
+    try:
+        envelope: Envelope = ENVELOPE_ADAPTER.validate_json(line)
+    except ValidationError as exc:
+        return _reason(exc)
+    if envelope.seq is None:
+        return "schema: seq: field required"
+    registered = payload_model(envelope.type)
+    if registered is not None:
+        reason = _payload_reason(registered, envelope.body)
+        if reason is not None:
+            return reason
+    values = envelope.__dict__
+    return _new_fields(
+        EnvelopeFields,
+        (*[values[name] for name in FIELD_NAMES], frozenset(envelope.model_fields_set)),
+    )
+
+
+def decode_fields(line: bytes) -> EnvelopeFields | str:
+    """Decode one line (without its newline) into its fields, or the reason it is unusable.
+
+    Accepts and refuses exactly the lines `decode_line` does, with the same reason strings;
+    `.to_envelope()` on the result equals `decode_line(line)`.
+    """
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return _by_pydantic(line)
+    if type(obj) is dict:
+        decoded: EnvelopeFields | str | None = _fields(obj)
+        if decoded is not None:
+            return decoded
+    return _by_pydantic(line)
