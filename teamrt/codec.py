@@ -341,7 +341,8 @@ def _extras_alike(obj: dict[str, Any]) -> bool:
     return True
 
 
-def _reason(exc: ValidationError) -> str:
+def reason(exc: ValidationError) -> str:
+    """A validation error as the one-line reason a quarantine record gives."""
     first = exc.errors(include_url=False)[0]
     if first["type"] == "json_invalid":
         return f"json: {first['msg']}"
@@ -353,7 +354,7 @@ def _payload_reason(registered: type[BaseModel], body: Any) -> str | None:
     try:
         registered.model_validate(body)
     except ValidationError as exc:
-        return "payload: " + _reason(exc).partition(": ")[2]
+        return "payload: " + reason(exc).partition(": ")[2]
     return None
 
 
@@ -447,9 +448,9 @@ def _fields(obj: dict[str, Any], fields_set: frozenset[str] = _ALL_FIELDS) -> An
         return None
     registered = payload_model(type_name)
     if registered is not None:
-        reason = _payload_reason(registered, body)
-        if reason is not None:
-            return reason
+        refused = _payload_reason(registered, body)
+        if refused is not None:
+            return refused
     return _new_fields(
         EnvelopeFields,
         (
@@ -477,14 +478,14 @@ def _by_pydantic(line: bytes) -> EnvelopeFields | str:
     try:
         envelope: Envelope = ENVELOPE_ADAPTER.validate_json(line)
     except ValidationError as exc:
-        return _reason(exc)
+        return reason(exc)
     if envelope.seq is None:
         return "schema: seq: field required"
     registered = payload_model(envelope.type)
     if registered is not None:
-        reason = _payload_reason(registered, envelope.body)
-        if reason is not None:
-            return reason
+        refused = _payload_reason(registered, envelope.body)
+        if refused is not None:
+            return refused
     values = envelope.__dict__
     return _new_fields(
         EnvelopeFields,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from teamrt.codec import encode as codec_encode
+from teamrt.codec import reason
 from teamrt.envelopes import (
     ENVELOPE_ADAPTER,
     Broadcast,
@@ -172,9 +173,9 @@ def decode_line(line: bytes) -> Envelope | str:
             try:
                 envelope = ENVELOPE_ADAPTER.validate_json(line)
             except ValidationError as exc2:
-                return _reason(exc2)
+                return reason(exc2)
         else:
-            return _reason(exc)
+            return reason(exc)
     if envelope.seq is None:
         return "schema: seq: field required"
     registered = payload_model(envelope.type)
@@ -182,16 +183,8 @@ def decode_line(line: bytes) -> Envelope | str:
         try:
             registered.model_validate(envelope.body)
         except ValidationError as exc:
-            return "payload: " + _reason(exc).partition(": ")[2]
+            return "payload: " + reason(exc).partition(": ")[2]
     return envelope
-
-
-def _reason(exc: ValidationError) -> str:
-    first = exc.errors(include_url=False)[0]
-    if first["type"] == "json_invalid":
-        return f"json: {first['msg']}"
-    where = ".".join(str(part) for part in first["loc"]) or "envelope"
-    return f"schema: {where}: {first['msg']}"
 
 
 __all__ = [
