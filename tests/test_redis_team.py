@@ -38,7 +38,7 @@ async def test_a_teammate_whose_lease_was_taken_over_stops_that_incarnation(
                 async with Mailboxes(RedisStore(url)) as successor:
                     inbox = await successor.open_inbox("w")  # another process takes it over
                     with anyio.fail_after(10):  # the team's next renewal finds the new holder
-                        while status.state != "stopped":
+                        while status.state != "stopped":  # noqa: ASYNC110 -- polled
                             await anyio.sleep(0.05)
                     assert status.last == "lease lost"
                     assert status.incarnation == first  # not restarted: the successor runs it
