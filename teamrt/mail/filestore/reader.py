@@ -218,7 +218,14 @@ class FileReader(InboxReader):
         st = os.fstat(self.fd)
         size = st.st_size
         if size > offset:
-            return self.decoder.feed(os.pread(self.fd, min(size - offset, READ_CHUNK), offset))
+            entries = self.decoder.feed(os.pread(self.fd, min(size - offset, READ_CHUNK), offset))
+            while not entries and self.decoder.offset < size:  # a record longer than one read
+                offset = self.decoder.offset
+                chunk = os.pread(self.fd, min(size - offset, READ_CHUNK), offset)
+                if not chunk:
+                    break
+                entries = self.decoder.feed(chunk)
+            return entries
         if size < offset:
             raise self._corrupt(
                 self.paths.segment(self.segment)
