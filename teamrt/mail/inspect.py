@@ -10,9 +10,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from teamrt.codec import decode_fields
 from teamrt.errors import StoreError
 from teamrt.mail.locator import open_view
-from teamrt.mail.log import Corrupt, decode_entry
 from teamrt.mail.store import TeamView
 
 
@@ -65,14 +65,14 @@ def _inspect_team(view: TeamView) -> TeamReport:
         sizes = view.sizes(name)
         report = InboxReport(name, segments=sizes.get("segments", 1), bytes=sizes.get("bytes", 0))
         for entry in view.scan(name):
-            item = decode_entry(entry)
-            if isinstance(item, Corrupt):
+            # validated as the owner would, without building a model per envelope
+            envelope = decode_fields(entry.raw) if not entry.too_long else None
+            if envelope is None or isinstance(envelope, str):
                 report.corrupt_lines += 1
                 continue
-            envelope = item.envelope
             report.depth += 1
             report.last_seq = max(report.last_seq, envelope.seq or 0)
-            position = item.end
+            position = entry.end
             if (
                 position > committed
                 and envelope.id not in acked

@@ -46,6 +46,7 @@ from teamrt.errors import (
     RequestTimeout,
     StoreUnavailable,
     UnknownRecipient,
+    UsageError,
 )
 from teamrt.mail.log import encode, stamp
 from teamrt.mail.mailboxes import Mailboxes
@@ -123,6 +124,22 @@ class MailboxConformance:
             assert sorted(e.seq for e in got) == list(range(160))  # type: ignore[type-var]
             for name in ("lead", "writer", "w3", "w4"):
                 assert [e.body for e in got if e.sender == name] == list(range(40))
+
+    async def test_receive_batch_drains_in_order(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            inbox = await mail.open_inbox("worker")
+            assert inbox.receive_batch_nowait() == []
+            await mail.send_many([Envelope.message("lead", "worker", i) for i in range(25)])
+            first = await inbox.receive_batch(max=10, timeout=5)
+            rest = inbox.receive_batch_nowait(max=100)
+            assert [e.body for e in first + rest] == list(range(25))
+            assert len(first) == 10
+            with pytest.raises(ReceiveTimeout):
+                await inbox.receive_batch(timeout=0.05)
+            with pytest.raises(UsageError):
+                inbox.receive_batch_nowait(max=0)
+            await inbox.ack(*first, *rest)
+            assert inbox.statistics().unacked == 0
 
     async def test_receive_nowait_and_timeout(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
