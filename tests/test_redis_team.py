@@ -31,8 +31,8 @@ async def test_a_teammate_whose_lease_was_taken_over_stops_that_incarnation(
         async with Mailboxes(RedisStore(url, lease_ttl=2.0), members=["lead", "w"]) as mail:
             worker = Teammate("w", FunctionModel(lambda messages, tools: "done"))
             async with Team(mail, [worker]) as team:
+                assert team.status["w"].state == "idle"
                 status = team.status["w"]
-                assert status.state == "idle"
                 first = status.incarnation
                 client.delete(keys.lease("w"))  # as if this process had stopped renewing it
                 async with Mailboxes(RedisStore(url)) as successor:
