@@ -29,13 +29,17 @@ class FailingCommits(MemoryStore):
         self.closed = True
 
 
+async def _ack_then_close(mail: Mailboxes) -> None:
+    async with mail:
+        await mail.send(Envelope.message("a", "b", "x"))
+        inbox = mail.inbox("b")
+        inbox.ack_nowait(inbox.receive_nowait())  # committed in the background, or at close
+
+
 async def test_a_failed_last_flush_still_closes_the_store() -> None:
     store = FailingCommits("t")
     mail = Mailboxes(store, members=["a", "b"])
     with pytest.raises(StoreError, match="went away"):
-        async with mail:
-            await mail.send(Envelope.message("a", "b", "x"))
-            inbox = mail.inbox("b")
-            inbox.ack_nowait(inbox.receive_nowait())  # committed in the background, or at close
+        await _ack_then_close(mail)
     assert store.closed
     assert mail._task_group is None  # the background tasks were stopped
