@@ -286,8 +286,9 @@ def test_conductor_on_a_keyless_server(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "outcome: accepted" in result.stdout
     assert "conductor  plan         3 subtasks" in result.stdout
-    # the planner and both builders asked the server: 4 tasks of 2 calls each
-    assert server.calls[PLANNER] == 1 and server.calls[conductor.BUILDER] == 8
+    # the planner and both builders asked the server: 4 tasks of 2 calls each (more when a
+    # loaded machine makes a request time out and the client retries it, or a check fails once)
+    assert server.calls[PLANNER] == 1 and server.calls[conductor.BUILDER] >= 8
     reports = result.stdout.split("Stop reports:")[1]
     assert reports.count("builder-1    answer (2 steps, 1 tool calls") >= 1
     assert reports.count("builder-2    answer (2 steps, 1 tool calls") >= 1
