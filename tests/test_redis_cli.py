@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import anyio
 import pytest
@@ -156,3 +158,37 @@ def test_the_research_writer_demo_on_redis(
     assert not (tmp_path / "boxes" / "research-writer" / "inboxes").exists()  # all in Redis
     again = teamrt("demo", name, "--dir", str(tmp_path / "boxes"), "--store", url, cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr  # the demo's team starts over
+
+
+async def _send_later(url: str, body: str) -> str:
+    async with open_mailboxes(url) as mail:
+        envelope = Envelope.message("lead", "worker", body)
+        await mail.send(envelope)
+        return envelope.id
+
+
+def _line(stream: IO[str], timeout: float = 20) -> str:
+    """The next line of a child's output, failing instead of hanging."""
+    ready, _, _ = select.select([stream], [], [], timeout)
+    assert ready, "no line within the time"
+    return stream.readline()
+
+
+def test_replay_follow_on_a_redis_team_prints_what_arrives(redis_server: RedisServer) -> None:
+    url = redis_server.url("follow")
+    anyio.run(_conversation, url)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "teamrt", "replay", url, "--follow", "--format", "json"],
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
+    try:
+        assert follower.stdout is not None
+        first = [json.loads(_line(follower.stdout)) for _ in range(4)]  # the first pass
+        assert all(event["id"] for event in first)
+        sent = anyio.run(_send_later, url, "while following")
+        assert json.loads(_line(follower.stdout))["id"] == sent
+    finally:
+        follower.terminate()
+        follower.wait(10)
