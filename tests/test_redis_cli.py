@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import queue
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import IO
 
@@ -167,11 +168,18 @@ async def _send_later(url: str, body: str) -> str:
         return envelope.id
 
 
-def _line(stream: IO[str], timeout: float = 20) -> str:
-    """The next line of a child's output, failing instead of hanging."""
-    ready, _, _ = select.select([stream], [], [], timeout)
-    assert ready, "no line within the time"
-    return stream.readline()
+def _lines(stream: IO[str]) -> tuple[queue.Queue[str], threading.Thread]:
+    """A child's output lines as they come, read by a thread (a bounded `get` then fails
+    instead of hanging); the thread ends at the end of the output."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, reader
 
 
 def test_replay_follow_on_a_redis_team_prints_what_arrives(redis_server: RedisServer) -> None:
@@ -183,12 +191,16 @@ def test_replay_follow_on_a_redis_team_prints_what_arrives(redis_server: RedisSe
         text=True,
         bufsize=1,
     )
+    assert follower.stdout is not None
+    lines, reader = _lines(follower.stdout)
     try:
-        assert follower.stdout is not None
-        first = [json.loads(_line(follower.stdout)) for _ in range(4)]  # the first pass
+        first = [json.loads(lines.get(timeout=20)) for _ in range(4)]  # the first pass
         assert all(event["id"] for event in first)
         sent = anyio.run(_send_later, url, "while following")
-        assert json.loads(_line(follower.stdout))["id"] == sent
+        assert json.loads(lines.get(timeout=20))["id"] == sent
     finally:
         follower.terminate()
         follower.wait(10)
+        if follower.stdout is not None:
+            reader.join(10)
+            follower.stdout.close()
