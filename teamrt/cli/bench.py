@@ -40,7 +40,15 @@ from teamrt.agents import Agent, Limits, Memory, tool
 from teamrt.cli import bench_stats
 from teamrt.cli.bench_models import model_figures
 from teamrt.cli.bench_startup import startup_figures
-from teamrt.cli.bench_stats import Figure, Tally, clock, cpu_at_most, pct, times_baseline
+from teamrt.cli.bench_stats import (
+    Clock,
+    Figure,
+    Tally,
+    clock,
+    cpu_at_most,
+    pct,
+    times_baseline,
+)
 from teamrt.cli.bench_team import team_figures
 from teamrt.cli.progress import Progress
 from teamrt.envelopes import Envelope, Message, new_id
@@ -783,8 +791,7 @@ class Bench:
         for _ in self.each_round():
             for depth, team in teams.items():
                 InboxPaths(team / "inboxes", "sink").cursor.unlink(missing_ok=True)
-                with clock() as c:
-                    count = await self._drain(team, depth + backlog[depth])
+                count, c = await self._drain(team, depth + backlog[depth])
                 t.rate(f"drain{depth}", count, c)
                 gc.collect()
 
@@ -1031,21 +1038,23 @@ class Bench:
         )
 
     @staticmethod
-    async def _drain(team: Path, depth: int) -> int:
-        """Drain a backlog of `depth` with receive_nowait(), then ack the last (the count)."""
+    async def _drain(team: Path, depth: int) -> tuple[int, Clock]:
+        """Drain a backlog of `depth` with receive_nowait(), then ack the last: the count and
+        the time the draining took (not opening the inbox, the ack or closing)."""
         async with FileMailboxes(team) as mail:
             inbox = mail.inbox("sink")
             n, last = 0, None
-            while True:
-                try:
-                    last = inbox.receive_nowait()
-                except anyio.WouldBlock:
-                    break
-                n += 1
+            with clock() as timed:
+                while True:
+                    try:
+                        last = inbox.receive_nowait()
+                    except anyio.WouldBlock:
+                        break
+                    n += 1
             if n != depth or last is None:
                 raise AssertionError(f"drained {n} of {depth}")
             await inbox.ack(last)
-        return n
+        return n, timed
 
     @staticmethod
     async def _pickup(mail: FileMailboxes, inbox: Inbox, envelope: Message) -> float:
