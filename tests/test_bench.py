@@ -45,6 +45,7 @@ def test_each_figure_has_its_rounds_range_and_cpu_time(tmp_path: Path) -> None:
     assert len(meta["load_start"]) == 3 and len(meta["load_end"]) == 3
     assert meta["cpus"] >= 1 and meta["cpus_usable"] >= 1 and meta["python"]
     assert [g["name"] for g in meta["groups"]] == ["sends"]
+    assert len(meta["probe_us"]) == 2 and all(x > 0 for x in meta["probe_us"])  # per group, end
     figures = {f["name"]: f for f in run["figures"]}
     for figure in figures.values():
         assert figure["group"] == "sends" and figure["rounds"] == 3
@@ -67,6 +68,7 @@ def test_the_table_says_the_load_and_each_range(tmp_path: Path) -> None:
     lines = result.stdout.splitlines()
     assert lines[0].startswith("teamrt bench on ") and "2 rounds" in lines[0]
     assert lines[1].startswith("load average (1, 5, 15 min): ")
+    assert "a fixed Python loop (the probe): " in lines[1]
     heading = next(line for line in lines if line.startswith("measurement"))
     assert heading.split() == [
         *("measurement", "median", "range", "CPU/op", "baseline", "median", "range", "ratio"),
@@ -107,9 +109,12 @@ def test_a_saved_run_is_compared_figure_by_figure(tmp_path: Path) -> None:
     compared = json.loads(again.stdout)["compare"]
     assert compared["file"] == str(saved) and compared["not_run"] == []
     assert [row["name"] for row in compared["figures"]] == names
+    assert compared["machine_change"] > -1
     for row in compared["figures"]:
         assert row["verdict"] in {"better", "WORSE", "noise"}
         assert row["cpu_verdict"] in {"better", "WORSE", "noise"}
+        speed = 1 + compared["machine_change"]
+        assert row["cpu_net_change"] == pytest.approx(row["cpu_now"] / row["cpu_saved"] / speed - 1)
         assert row["change"] == pytest.approx((row["now"] - row["saved"]) / row["saved"])
 
     text = bench("--only", "agent", "--compare", str(saved))
@@ -143,20 +148,32 @@ def test_a_change_is_real_only_when_the_ranges_do_not_overlap() -> None:
     assert bench_stats.chance(5, 5) == pytest.approx(1 / 126)
 
     now = [Figure.of("a", [10, 12, 11], "us", cpu=[5, 6, 7]), Figure.of("new", [1, 2], "ms")]
+    other = Figure.of("another group's", [1, 2], "us")
+    other.group = "depth"
     saved = {
         "format": bench_stats.SAVED_FORMAT,
-        "meta": {"mode": "smoke", "rounds": 2},
+        "meta": {"mode": "smoke", "rounds": 2, "probe_us": [2.0, 2.0]},
         "figures": [
             Figure.of("a", [20, 22], "us", cpu=[5.5, 6.5]).as_json(),
             Figure.of("gone", [1, 2], "us").as_json(),
+            other.as_json(),  # not run now: --only ran another group
         ],
     }
     compared = bench_stats.comparison(now, saved, "saved.json")
     a, new = compared["figures"]
     assert a["verdict"] == "better" and a["change"] == pytest.approx(11 / 21 - 1)
     assert a["cpu_verdict"] == "noise" and a["cpu_now"] == 6
+    assert compared["machine_change"] is None  # no probes now: CPU times taken as they are
+    # the machine runs Python 1.5x slower now: the same code's CPU times, scaled, are no change,
+    # and CPU times that did not grow with it are better
+    slower = bench_stats.comparison(now, saved, "saved.json", [3.0])
+    assert slower["machine_change"] == pytest.approx(0.5)
+    a = slower["figures"][0]
+    assert a["cpu_change"] == pytest.approx(0.0) and a["cpu_net_change"] == pytest.approx(-1 / 3)
+    assert a["cpu_verdict"] == "better"
     assert new["saved"] is None and compared["not_run"] == ["gone"]
-    lines = bench_stats.comparison_lines(compared, {"mode": "smoke", "rounds": 3})
+    lines = bench_stats.comparison_lines(slower, {"mode": "smoke", "rounds": 3})
+    assert any("a fixed Python loop took +50.0% of the saved run's CPU time" in x for x in lines)
     assert any("not in the saved run" in line for line in lines)
     assert lines[-1] == "in the saved run, not measured now: gone"
 

@@ -1220,13 +1220,19 @@ async def _groups(
         if progress is not None:
             progress.section(name, index, len(chosen))
         bench.group = name
-        load, started = bench_stats.load_average(), time.perf_counter()
+        load, probe = bench_stats.load_average(), bench_stats.probe()
+        started = time.perf_counter()
         await steps[name]()
         if name in pooled and not pooled & set(chosen[index:]):
             await bench.stop_writers()  # no idle writer process disturbs the groups after
         if groups is not None:
             groups.append(
-                {"name": name, "seconds": time.perf_counter() - started, "load_start": load}
+                {
+                    "name": name,
+                    "seconds": time.perf_counter() - started,
+                    "load_start": load,
+                    "probe_us": probe,
+                }
             )
 
 
@@ -1273,11 +1279,12 @@ def run_bench(
         "load_end": bench_stats.load_average(),
         "seconds": time.perf_counter() - started,
         "groups": groups,
+        "probe_us": [*(group["probe_us"] for group in groups), bench_stats.probe()],
     }
     run = bench_stats.run_json(meta, figures)
     compared = None
     if saved is not None and compare is not None:
-        compared = bench_stats.comparison(figures, saved, compare)
+        compared = bench_stats.comparison(figures, saved, compare, meta["probe_us"])
     if save is not None:
         bench_stats.save(Path(save), run)
     if as_json:

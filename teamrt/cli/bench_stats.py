@@ -12,6 +12,11 @@ Two runs are compared figure by figure; a change is called real (outside the noi
 two runs' ranges do not overlap: every round of one run beat every round of the other. When nothing
 changed, that happens by chance with probability 2 / C(n + m, n) for n and m rounds (1 in 10 with
 3 and 3, 1 in 126 with 5 and 5), which the comparison prints.
+
+On a shared machine a whole run can be slower than another minutes apart, CPU time included (the
+tenants share caches and memory bandwidth): every group starts with a probe, the CPU time of a
+fixed pure-Python loop, and a comparison also shows each CPU time net of the probe's change, and
+judges the CPU times on that.
 """
 
 from __future__ import annotations
@@ -216,6 +221,19 @@ class Tally:
 # --- the machine ---------------------------------------------------------------------------
 
 
+_PROBE = {"id": "0196c0de", "items": list(range(20)), "text": "hello world", "n": {"a": 1.5}}
+
+
+def probe(loops: int = 2000) -> float:
+    """CPU microseconds per loop of a fixed pure-Python workload (JSON, sorting, joining): how
+    fast this machine runs Python right now."""
+    start = time.process_time()
+    for _ in range(loops):
+        data = json.loads(json.dumps(_PROBE))
+        "-".join(str(x) for x in sorted(data["items"], reverse=True))
+    return (time.process_time() - start) / loops * 1e6
+
+
 def load_average() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -309,11 +327,17 @@ def header(meta: dict[str, Any]) -> list[str]:
     load = " ".join(f"{x:.2f}" for x in start)
     if end:
         load += " at the start, " + " ".join(f"{x:.2f}" for x in end) + " at the end"
+    probes = meta.get("probe_us") or []
+    speed = ""
+    if probes:
+        speed = f"; a fixed Python loop (the probe): {statistics.median(probes):.2f} us of CPU"
+        if len(probes) > 1:
+            speed += f" ({fmt_span(_span(probes), 'us')})"
     return [
         f"teamrt bench on {meta['disk']} ({meta['cpus']} cpus, {meta['cpus_usable']} usable, "
         f"Python {meta['python']}, {meta['mode']} sizes, {meta['rounds']} rounds, "
         f"{meta['seconds']:.0f} s)",
-        f"load average (1, 5, 15 min): {load}",
+        f"load average (1, 5, 15 min): {load}{speed}",
         "each figure: the median of its rounds, interleaved with its baseline's; range: min-max "
         "over the rounds;",
         "CPU/op: this process's CPU time (user + system) per operation, on which the targets of "
@@ -413,9 +437,19 @@ def _change(now: float, saved: float) -> str:
     return f"{(now - saved) / saved * 100:+.1f}%"
 
 
-def comparison(figures: Sequence[Figure], saved_run: dict[str, Any], path: str) -> dict[str, Any]:
-    """Each figure beside the saved run's, with the change and whether it is outside the noise."""
+def comparison(
+    figures: Sequence[Figure],
+    saved_run: dict[str, Any],
+    path: str,
+    probes: Sequence[float] = (),
+) -> dict[str, Any]:
+    """Each figure beside the saved run's, with the change and whether it is outside the noise;
+    CPU times also net of the machine's change (the probes of each run)."""
     saved = {d["name"]: _saved_figure(d) for d in saved_run.get("figures", [])}
+    saved_probes = saved_run.get("meta", {}).get("probe_us") or []
+    speed = 1.0  # how much slower the machine runs Python now (the probes' medians)
+    if probes and saved_probes:
+        speed = statistics.median(probes) / statistics.median(saved_probes)
     rows: list[dict[str, Any]] = []
     for f in figures:
         old = saved.get(f.name)
@@ -431,16 +465,29 @@ def comparison(figures: Sequence[Figure], saved_run: dict[str, Any], path: str) 
             "verdict": verdict(f.samples or [f.value], old.samples or [old.value], f.unit),
         }
         if f.cpu and old.cpu:
+            now_cpu, old_cpu = f.cpu_us or 0.0, old.cpu_us or 1.0
             row |= {
-                "cpu_now": f.cpu_us,
-                "cpu_saved": old.cpu_us,
-                "cpu_change": ((f.cpu_us or 0) - (old.cpu_us or 0)) / (old.cpu_us or 1),
-                "cpu_verdict": verdict(f.cpu, old.cpu, "us"),
+                "cpu_now": now_cpu,
+                "cpu_saved": old_cpu,
+                "cpu_change": (now_cpu - old_cpu) / old_cpu,
+                "cpu_net_change": now_cpu / old_cpu / speed - 1,
+                "cpu_verdict": verdict(f.cpu, [c * speed for c in old.cpu], "us"),
             }
         rows.append(row)
     names = {f.name for f in figures}
-    missing = [name for name in saved if name not in names]
-    return {"file": path, "meta": saved_run.get("meta", {}), "figures": rows, "not_run": missing}
+    groups = {f.group for f in figures}  # with --only, the others' figures are not missed
+    missing = [
+        d["name"]
+        for d in saved_run.get("figures", [])
+        if d["name"] not in names and d.get("group", "") in groups
+    ]
+    return {
+        "file": path,
+        "meta": saved_run.get("meta", {}),
+        "machine_change": speed - 1 if probes and saved_probes else None,
+        "figures": rows,
+        "not_run": missing,
+    }
 
 
 def comparison_lines(compared: dict[str, Any], meta_now: dict[str, Any]) -> list[str]:
@@ -460,24 +507,30 @@ def comparison_lines(compared: dict[str, Any], meta_now: dict[str, Any]) -> list
             else ""
         ),
     ]
+    if compared.get("machine_change") is not None:
+        lines.append(
+            f"the machine: a fixed Python loop took {compared['machine_change'] * 100:+.1f}% "
+            "of the saved run's CPU time; CPU/op is also shown net of that (net), and judged on it"
+        )
     if meta.get("mode") != meta_now["mode"]:
         lines.append(
             f"the saved run used {meta.get('mode')} sizes, this one {meta_now['mode']}: figures "
             "named after their sizes do not meet"
         )
     heading = ("measurement", "now", "saved", "change", "verdict")
-    rows = [(*heading, "CPU/op now", "saved", "change", "verdict")]
+    rows = [(*heading, "CPU/op now", "saved", "change", "net", "verdict")]
     for row in compared["figures"]:
         unit = row["unit"]
         if row["saved"] is None:
-            rows.append((row["name"], fmt(row["now"], unit), "not in the saved run", *[""] * 6))
+            rows.append((row["name"], fmt(row["now"], unit), "not in the saved run", *[""] * 7))
             continue
-        cpu: tuple[str, ...] = ("", "", "", "")
+        cpu: tuple[str, ...] = ("", "", "", "", "")
         if "cpu_now" in row:
             cpu = (
                 f"{row['cpu_now']:.2f} us",
                 f"{row['cpu_saved']:.2f} us",
-                _change(row["cpu_now"], row["cpu_saved"]),
+                f"{row['cpu_change'] * 100:+.1f}%",
+                f"{row['cpu_net_change'] * 100:+.1f}%",
                 row["cpu_verdict"],
             )
         rows.append(
@@ -490,7 +543,7 @@ def comparison_lines(compared: dict[str, Any], meta_now: dict[str, Any]) -> list
                 *cpu,
             )
         )
-    lines += _table(rows, {1, 2, 3, 5, 6, 7})
+    lines += _table(rows, {1, 2, 3, 5, 6, 7, 8})
     if compared["not_run"]:
         lines.append(f"in the saved run, not measured now: {', '.join(compared['not_run'])}")
     return lines
