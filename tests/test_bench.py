@@ -110,6 +110,8 @@ def test_a_saved_run_is_compared_figure_by_figure(tmp_path: Path) -> None:
     assert compared["file"] == str(saved) and compared["not_run"] == []
     assert [row["name"] for row in compared["figures"]] == names
     assert compared["machine_change"] > -1
+    late = next(row for row in compared["figures"] if row["name"].endswith("at step 40"))
+    assert late["ratio_verdict"] in {"better", "WORSE", "noise"}  # beside its baseline
     for row in compared["figures"]:
         assert row["verdict"] in {"better", "WORSE", "noise"}
         assert row["cpu_verdict"] in {"better", "WORSE", "noise"}
@@ -164,18 +166,30 @@ def test_a_change_is_real_only_when_the_ranges_do_not_overlap() -> None:
     assert a["verdict"] == "better" and a["change"] == pytest.approx(11 / 21 - 1)
     assert a["cpu_verdict"] == "noise" and a["cpu_now"] == 6
     assert compared["machine_change"] is None  # no probes now: CPU times taken as they are
-    # the machine runs Python 1.5x slower now: the same code's CPU times, scaled, are no change,
-    # and CPU times that did not grow with it are better
+    # the machine runs Python 1.5x slower now: CPU times that did not grow with it are better
+    # net of it, but not as measured, so not called better
     slower = bench_stats.comparison(now, saved, "saved.json", [3.0])
     assert slower["machine_change"] == pytest.approx(0.5)
     a = slower["figures"][0]
     assert a["cpu_change"] == pytest.approx(0.0) and a["cpu_net_change"] == pytest.approx(-1 / 3)
-    assert a["cpu_verdict"] == "better"
+    assert a["cpu_verdict"] == "noise"
+    faster = Figure.of("a", [10, 12, 11], "us", cpu=[2, 2.5, 3])  # better both ways
+    assert bench_stats.comparison([faster], saved, "s", [3.0])["figures"][0]["cpu_verdict"] == (
+        "better"
+    )
     assert new["saved"] is None and compared["not_run"] == ["gone"]
     lines = bench_stats.comparison_lines(slower, {"mode": "smoke", "rounds": 3})
     assert any("a fixed Python loop took +50.0% of the saved run's CPU time" in x for x in lines)
     assert any("not in the saved run" in line for line in lines)
     assert lines[-1] == "in the saved run, not measured now: gone"
+    ratios = Figure.of("r", [10, 20], "us", "base", [5, 10])
+    assert ratios.ratios == [2.0, 2.0]  # round by round
+    again = bench_stats.comparison(
+        [Figure.of("r", [30, 60], "us", "base", [15, 30])],
+        {"format": 1, "meta": {}, "figures": [ratios.as_json()]},
+        "s",
+    )["figures"][0]
+    assert again["verdict"] == "WORSE" and again["ratio_verdict"] == "noise"  # the machine moved
 
 
 # --- the lean os.pipe child ----------------------------------------------------------------

@@ -14,9 +14,12 @@ changed, that happens by chance with probability 2 / C(n + m, n) for n and m rou
 3 and 3, 1 in 126 with 5 and 5), which the comparison prints.
 
 On a shared machine a whole run can be slower than another minutes apart, CPU time included (the
-tenants share caches and memory bandwidth): every group starts with a probe, the CPU time of a
-fixed pure-Python loop, and a comparison also shows each CPU time net of the probe's change, and
-judges the CPU times on that.
+tenants share caches and memory bandwidth), and that the rounds of one run do not show. So a
+comparison also shows, where a figure has a baseline, the ratio of the two round by round (they
+alternate, so each pair saw the same machine), with its own verdict; and every group starts with a
+probe, the CPU time of a fixed pure-Python loop, so that a CPU time is also shown net of the
+machine's change. The probe follows the machine only roughly (different work suffers differently),
+so a CPU time is called changed only when it is outside the noise both as measured and net.
 """
 
 from __future__ import annotations
@@ -108,6 +111,14 @@ class Figure:
     @property
     def baseline_span(self) -> tuple[float, float] | None:
         return _span(self.baseline_samples)
+
+    @property
+    def ratios(self) -> list[float]:
+        """The figure over its baseline in each round (they alternate, so each pair saw the
+        same machine): steadier between runs than either figure when the machine drifts."""
+        if len(self.samples) != len(self.baseline_samples):
+            return []
+        return [s / b for s, b in zip(self.samples, self.baseline_samples, strict=True) if b]
 
     @property
     def cpu_us(self) -> float | None:
@@ -408,7 +419,9 @@ def _saved_figure(data: dict[str, Any]) -> Figure:
         data["name"],
         data["value"],
         data["unit"],
+        baseline_value=data.get("baseline_value"),
         samples=list(data.get("samples") or []),
+        baseline_samples=list(data.get("baseline_samples") or []),
         cpu=list(data.get("cpu") or []),
     )
 
@@ -429,6 +442,12 @@ def verdict(now: Sequence[float], saved: Sequence[float], unit: str) -> str:
         return "noise"
     up_is_better = unit == "/s"
     return "better" if higher == up_is_better else "WORSE"
+
+
+def _both(measured: str, net: str) -> str:
+    """A change in CPU time is real only when it is, in the same direction, both as measured and
+    net of the machine's change."""
+    return measured if measured == net else "noise"
 
 
 def _change(now: float, saved: float) -> str:
@@ -464,6 +483,12 @@ def comparison(
             "change": (f.value - old.value) / old.value if old.value else None,
             "verdict": verdict(f.samples or [f.value], old.samples or [old.value], f.unit),
         }
+        if f.ratios and old.ratios:
+            row |= {
+                "ratio_now": statistics.median(f.ratios),
+                "ratio_saved": statistics.median(old.ratios),
+                "ratio_verdict": verdict(f.ratios, old.ratios, f.unit),
+            }
         if f.cpu and old.cpu:
             now_cpu, old_cpu = f.cpu_us or 0.0, old.cpu_us or 1.0
             row |= {
@@ -471,7 +496,10 @@ def comparison(
                 "cpu_saved": old_cpu,
                 "cpu_change": (now_cpu - old_cpu) / old_cpu,
                 "cpu_net_change": now_cpu / old_cpu / speed - 1,
-                "cpu_verdict": verdict(f.cpu, [c * speed for c in old.cpu], "us"),
+                "cpu_verdict": _both(
+                    verdict(f.cpu, old.cpu, "us"),
+                    verdict(f.cpu, [c * speed for c in old.cpu], "us"),
+                ),
             }
         rows.append(row)
     names = {f.name for f in figures}
@@ -510,20 +538,32 @@ def comparison_lines(compared: dict[str, Any], meta_now: dict[str, Any]) -> list
     if compared.get("machine_change") is not None:
         lines.append(
             f"the machine: a fixed Python loop took {compared['machine_change'] * 100:+.1f}% "
-            "of the saved run's CPU time; CPU/op is also shown net of that (net), and judged on it"
+            "of the saved run's CPU time; CPU/op is also shown net of that (net), and called "
+            "changed only when it is both as measured and net"
         )
+    lines.append(
+        "ratio: the figure over its baseline, round by round (both saw the same machine), "
+        "steadier than either when the machine drifts between runs"
+    )
     if meta.get("mode") != meta_now["mode"]:
         lines.append(
             f"the saved run used {meta.get('mode')} sizes, this one {meta_now['mode']}: figures "
             "named after their sizes do not meet"
         )
-    heading = ("measurement", "now", "saved", "change", "verdict")
+    heading = ("measurement", "now", "saved", "change", "verdict", "ratio now", "saved", "verdict")
     rows = [(*heading, "CPU/op now", "saved", "change", "net", "verdict")]
     for row in compared["figures"]:
         unit = row["unit"]
         if row["saved"] is None:
-            rows.append((row["name"], fmt(row["now"], unit), "not in the saved run", *[""] * 7))
+            rows.append((row["name"], fmt(row["now"], unit), "not in the saved run", *[""] * 10))
             continue
+        ratio: tuple[str, ...] = ("", "", "")
+        if "ratio_now" in row:
+            ratio = (
+                f"{row['ratio_now']:.2f}x",
+                f"{row['ratio_saved']:.2f}x",
+                row["ratio_verdict"],
+            )
         cpu: tuple[str, ...] = ("", "", "", "", "")
         if "cpu_now" in row:
             cpu = (
@@ -540,10 +580,11 @@ def comparison_lines(compared: dict[str, Any], meta_now: dict[str, Any]) -> list
                 fmt(row["saved"], unit),
                 _change(row["now"], row["saved"]),
                 row["verdict"],
+                *ratio,
                 *cpu,
             )
         )
-    lines += _table(rows, {1, 2, 3, 5, 6, 7, 8})
+    lines += _table(rows, {1, 2, 3, 5, 6, 8, 9, 10, 11})
     if compared["not_run"]:
         lines.append(f"in the saved run, not measured now: {', '.join(compared['not_run'])}")
     return lines
