@@ -171,7 +171,7 @@ def test_bench_smoke_emits_every_figure(tmp_path: Path) -> None:
         "drain a backlog of 1,000",
         "agent step, checkpointed, at step 10",
         "20 idle teammates: CPU while idle",
-        "replay 1,000 envelopes (timeline, pairing, flags)",
+        "replay 3,000 envelopes (timeline, pairing, flags)",
         "ack with 2,000 acks held behind one unacked envelope",
     ):
         assert figures[name]["value"] > 0

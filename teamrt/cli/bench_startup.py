@@ -6,12 +6,13 @@ the last figure shows what that costs when it does."""
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from typing import TYPE_CHECKING
 
 import anyio
+
+from teamrt.cli.bench_stats import Figure
 
 if TYPE_CHECKING:
     from teamrt.cli.bench import Bench
@@ -37,9 +38,8 @@ async def _once(args: list[str], cwd: str) -> float:
 
 
 async def startup_figures(bench: Bench) -> None:
-    from teamrt.cli.bench import Figure
-
-    runs = 3 if bench.sizes.sends < 1000 else 9  # smoke sizes: a check that it works
+    # each run of every program is a round; smoke sizes: a check that it works
+    runs = max(bench.rounds, 3 if bench.smoke else 5 if bench.quick else 9)
     cwd = str(bench.root)  # outside any checkout: the installed teamrt is what is imported
     times: dict[str, list[float]] = {name: [] for name in ["baseline", *_PROGRAMS]}
     await _once(["-c", "import teamrt.models.openai_model"], cwd)  # warm the file cache
@@ -47,18 +47,17 @@ async def startup_figures(bench: Bench) -> None:
         times["baseline"].append(await _once(["-c", "pass"], cwd))
         for name, args in _PROGRAMS.items():
             times[name].append(await _once(args, cwd))
-    baseline = statistics.median(times["baseline"])
     for name in _PROGRAMS:
-        value = statistics.median(times[name])
         lazy = "openai" not in name
         bench.add(
-            Figure(
+            Figure.of(
                 f"{name}, median of {runs}",
-                value,
-                "ms",
-                "python -c pass",
-                baseline,
-                f"< {IMPORT_TARGET_MS:.0f} ms above it" if lazy else "",
-                (value - baseline < IMPORT_TARGET_MS) if lazy else None,
+                *(times[name], "ms", "python -c pass", times["baseline"]),
+                target=f"< {IMPORT_TARGET_MS:.0f} ms above it" if lazy else "",
+                check=(
+                    (lambda f: f.value - (f.baseline_value or 0) < IMPORT_TARGET_MS)
+                    if lazy
+                    else None
+                ),
             )
         )

@@ -1,5 +1,8 @@
 """Team figures for `teamrt bench`: a service under concurrent load, a long-lived lead, and the
-tool calls of one reply run side by side. Each figure has a baseline measured in the same run."""
+tool calls of one reply run side by side. Each figure has a baseline measured in the same run, the
+two alternating round by round; the agent steps also in CPU time per step. The figures that take
+seconds a round (the service, the tool calls) have one round with --quick, and a lead's memory is
+measured once (it is not a matter of timing)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from teamrt.agents import Agent, AgentEvent, Limits, tool
+from teamrt.cli.bench_stats import Figure, Tally, clock, pct
 from teamrt.mail import FileMailboxes
 from teamrt.models import (
     ChatMessage,
@@ -30,56 +34,48 @@ if TYPE_CHECKING:
     from teamrt.cli.bench import Bench
 
 
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
-
-
 async def team_figures(bench: Bench) -> None:
-    smoke = bench.sizes.sends < 1000
-    quick = not smoke and bench.sizes.depth_large < 1_000_000
+    smoke, quick = bench.smoke, bench.quick
     await service_load(bench, smoke=smoke)
     await parallel_tools(bench, smoke=smoke)
     await streamed_steps(bench, steps=200 if smoke else 2_000)
     await traced_steps(bench, steps=200 if smoke else 2_000)
     # the in-process caches (recent ids, answered requests) fill up over the first ~4,000
     # asks: the first measurement comes after that
-    asks, early = (1_000, 500) if smoke else (20_000, 10_000) if quick else (100_000, 10_000)
+    asks, early = (1_000, 500) if smoke else (12_000, 6_000) if quick else (100_000, 10_000)
     await lead_memory(bench, asks=asks, early=early)
 
 
 async def service_load(bench: Bench, *, smoke: bool) -> None:
     """The service demo's app, a model that takes 100 ms a call, 50 concurrent requests: a pool
     of 5 against one teammate serving them all."""
-    from teamrt.cli.bench import Figure
-
     try:
         import httpx  # noqa: F401 -- the service extra
     except ImportError:  # pragma: no cover -- the service extra is not installed
         return
     requests, call_seconds, pool = (20, 0.02, 5) if smoke else (50, 0.1, 5)
-    single = await _serve(bench.team("service1"), 1, requests, call_seconds)
-    pooled = await _serve(bench.team("service5"), pool, requests, call_seconds)
+    t = Tally()
+    for _ in bench.each_round(bench.costly_rounds):
+        single = await _serve(bench.team("service1"), 1, requests, call_seconds)
+        pooled = await _serve(bench.team("service5"), pool, requests, call_seconds)
+        t.add("pool50", statistics.median(pooled) * 1000)
+        t.add("single50", statistics.median(single) * 1000)
+        t.add("pool99", pct(pooled, 99) * 1000)
+        t.add("single99", pct(single, 99) * 1000)
     ideal = math.ceil(requests / pool) * call_seconds
     target = 15 * call_seconds
     bench.add(
-        Figure(
+        t.figure(
             f"service, {requests} concurrent requests, pool of {pool}, p50",
-            statistics.median(pooled) * 1000,
-            "ms",
-            "one teammate",
-            statistics.median(single) * 1000,
-            f"<= {target * 1000:g} ms (ideal: last answer at {ideal * 1000:g} ms)",
-            statistics.median(pooled) <= target,
+            *("pool50", "ms", "one teammate", "single50"),
+            target=f"<= {target * 1000:g} ms (ideal: last answer at {ideal * 1000:g} ms)",
+            check=lambda f: f.value <= target * 1000,
         )
     )
     bench.add(
-        Figure(
+        t.figure(
             f"service, {requests} concurrent requests, pool of {pool}, p99",
-            _pct(pooled, 99) * 1000,
-            "ms",
-            "one teammate",
-            _pct(single, 99) * 1000,
+            *("pool99", "ms", "one teammate", "single99"),
         )
     )
 
@@ -117,8 +113,6 @@ async def _serve(root: Path, replicas: int, requests: int, call_seconds: float) 
 
 async def parallel_tools(bench: Bench, *, smoke: bool) -> None:
     """20 tool calls in one reply, each taking 100 ms: side by side, against one by one."""
-    from teamrt.cli.bench import Figure
-
     n, seconds = 20, 0.02 if smoke else 0.1
 
     async def run(sequential: bool) -> float:
@@ -134,22 +128,23 @@ async def parallel_tools(bench: Bench, *, smoke: bool) -> None:
         assert report.ok, report.summary()
         return time.perf_counter() - start
 
-    parallel, one_by_one = await run(False), await run(True)
+    t = Tally()
+    for _ in bench.each_round(bench.costly_rounds):
+        t.add("parallel", await run(False) * 1000)
+        t.add("one_by_one", await run(True) * 1000)
     bench.add(
-        Figure(
+        t.figure(
             f"{n} tool calls in one reply, {seconds * 1000:g} ms each",
-            parallel * 1000,
-            "ms",
-            "one by one (sequential=True)",
-            one_by_one * 1000,
-            f"<= {3 * seconds * 1000:g} ms",
-            parallel <= 3 * seconds,
+            *("parallel", "ms", "one by one (sequential=True)", "one_by_one"),
+            target=f"<= {3 * seconds * 1000:g} ms",
+            check=lambda f: f.value <= 3 * seconds * 1000,
         )
     )
 
 
-async def _steps_per_second(steps: int) -> float:
-    """Microseconds per agent step: one tool call (no I/O) per step, a FunctionModel."""
+async def _per_step(steps: int) -> tuple[float, float]:
+    """Microseconds per agent step (wall, CPU): one tool call (no I/O) per step, a
+    FunctionModel."""
     count = 0
 
     def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply:
@@ -164,39 +159,43 @@ async def _steps_per_second(steps: int) -> float:
 
     limits = Limits(max_steps=steps + 1, max_tool_calls=steps + 1)
     agent = Agent("steps", FunctionModel(brain), tools=[fetch], limits=limits)
-    start = time.perf_counter()
-    report = await agent.run("go")
+    with clock() as c:
+        report = await agent.run("go")
     assert report.ok, report.summary()
-    return (time.perf_counter() - start) / steps * 1e6
+    return c.wall / steps * 1e6, c.cpu / steps * 1e6
 
 
 async def traced_steps(bench: Bench, *, steps: int) -> None:
     """An agent step with OpenTelemetry off (the default) and on (an SDK provider that drops
     its spans), beside the step before telemetry was imported at all: off must cost nothing."""
     from teamrt import telemetry
-    from teamrt.cli.bench import Figure
 
-    off = await _steps_per_second(steps)
+    t = Tally()
+    t.add("before", *await _per_step(steps))
     try:
         from opentelemetry.sdk.trace import TracerProvider
     except ImportError:  # pragma: no cover -- the otel extra is not installed
         return
-    telemetry.enable(TracerProvider())
-    try:
-        on = await _steps_per_second(steps)
-    finally:
-        telemetry.disable()
-    again = await _steps_per_second(steps)
-    bench.add(Figure("agent step, telemetry off", again, "us", "measured before", off))
-    bench.add(Figure("agent step, telemetry on (spans made, not exported)", on, "us", "off", again))
+    for _ in bench.each_round():
+        telemetry.enable(TracerProvider())
+        try:
+            t.add("on", *await _per_step(steps))
+        finally:
+            telemetry.disable()
+        t.add("off", *await _per_step(steps))
+    bench.add(
+        t.figure("agent step, telemetry off", "off", "us", "before it was first enabled", "before")
+    )
+    bench.add(
+        t.figure("agent step, telemetry on (spans made, not exported)", "on", "us", "off", "off")
+    )
 
 
 async def streamed_steps(bench: Bench, *, steps: int) -> None:
     """An agent step whose reply is streamed to a listener (text in pieces, events for each
     tool call and result) beside the same step not streamed."""
-    from teamrt.cli.bench import Figure
 
-    async def per_step(streamed: bool) -> float:
+    async def per_step(streamed: bool) -> tuple[float, float]:
         count = 0
 
         def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply:
@@ -221,19 +220,19 @@ async def streamed_steps(bench: Bench, *, steps: int) -> None:
             limits=Limits(max_steps=steps + 1, max_tool_calls=steps + 1),
             on_event=listen if streamed else None,
         )
-        start = time.perf_counter()
-        report = await agent.run("go")
+        with clock() as c:
+            report = await agent.run("go")
         assert report.ok, report.summary()
-        return (time.perf_counter() - start) / steps * 1e6
+        return c.wall / steps * 1e6, c.cpu / steps * 1e6
 
-    plain, streamed = await per_step(False), await per_step(True)
+    t = Tally()
+    for _ in bench.each_round():
+        t.add("plain", *await per_step(False))
+        t.add("streamed", *await per_step(True))
     bench.add(
-        Figure(
+        t.figure(
             "agent step, reply streamed to a listener",
-            streamed,
-            "us",
-            "the same step, not streamed",
-            plain,
+            *("streamed", "us", "the same step, not streamed", "plain"),
         )
     )
 
@@ -243,8 +242,6 @@ async def lead_memory(bench: Bench, *, asks: int, early: int) -> None:
     after all of them (flat: idle notices are acked as they come). The teammate takes each task in
     a fresh context, so that what is measured is the lead (a persistent context grows up to its
     memory budget, then stays there)."""
-    from teamrt.cli.bench import Figure
-
     path = bench.team("lead")
     cursor = path / "inboxes" / "lead.cursor.json"
     seen: dict[int, tuple[float, int]] = {}
@@ -264,24 +261,18 @@ async def lead_memory(bench: Bench, *, asks: int, early: int) -> None:
             tracemalloc.stop()
     (early_kib, early_bytes), (late_kib, late_bytes) = seen[early], seen[asks]
     bench.add(
-        Figure(
+        Figure.of(
             f"lead after {asks:,} asks: Python memory in use",
-            late_kib,
-            "KiB",
-            f"at {early:,} asks",
-            early_kib,
-            "within 10%",
-            late_kib <= 1.1 * early_kib,
+            *([late_kib], "KiB", f"at {early:,} asks", [early_kib]),
+            target="within 10%",
+            check=lambda f: late_kib <= 1.1 * early_kib,
         )
     )
     bench.add(
-        Figure(
+        Figure.of(
             f"lead after {asks:,} asks: cursor file",
-            late_bytes,
-            "B",
-            f"at {early:,} asks",
-            early_bytes,
-            "within 10%",
-            late_bytes <= 1.1 * early_bytes,
+            *([late_bytes], "B", f"at {early:,} asks", [early_bytes]),
+            target="within 10%",
+            check=lambda f: late_bytes <= 1.1 * early_bytes,
         )
     )

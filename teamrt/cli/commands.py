@@ -211,6 +211,9 @@ def bench(args: argparse.Namespace) -> int:
         smoke=args.smoke,
         only=args.only,
         quiet=args.quiet,
+        rounds=args.rounds,
+        save=args.save,
+        compare=args.compare,
     )
 
 

@@ -42,6 +42,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return value
+
+
 def _level(text: str) -> str:
     if text.upper() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(
@@ -212,15 +222,40 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench",
         help="measure mailboxes, the agent loop, teams and replay against baselines",
-        description="Measures sends, contention, group commit, round trips, wake-ups, pick-up "
-        "and drain at depth, the agent loop's cost per step, idle teammates and wake-ups among "
-        "many, replay throughput and memory, and the cost of an ack with many acks held "
-        "behind an unacked envelope, a service under 50 concurrent requests (a pool against one "
-        "teammate), a lead's memory and cursor over many asks, and 20 tool calls of one reply "
-        "side by side; prints each figure beside a baseline measured in the same "
-        "run, with the ratio and the target.",
+        description="Measures sends, envelope sizes (100 B, 10 KB, 500 KB), 1-16 writer "
+        "processes into one inbox, group commit, round trips (and their CPU on each side), "
+        "wake-ups, pick-up, open and drain at depth (a backlog in real segments), the agent "
+        "loop's cost per step, teams of 10, 100 and 1,000 idle teammates with one woken, replay "
+        "throughput and memory, the cost of an ack with many acks held behind an unacked "
+        "envelope, a service under 50 concurrent requests (a pool against one teammate), a "
+        "lead's memory and cursor over many asks, and 20 tool calls of one reply side by side; "
+        "prints each figure beside a baseline measured in the same run, with the ratio and the "
+        "target. Each figure is the median of several rounds that alternate with its "
+        "baseline's, shown with its range (min-max); CPU-bound figures also as CPU time per "
+        "operation, on which their targets are judged; the header gives the load average. On "
+        "2 shared cores a full run takes about 9 minutes (a lead's 100,000 asks are half of "
+        "it), --quick about 2.",
     )
-    bench.add_argument("--quick", action="store_true", help="smaller sizes (depth 100k, not 1M)")
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller sizes and 3 rounds (depth 100k, not 1M; replay 150k, not 1M)",
+    )
+    bench.add_argument(
+        "--rounds",
+        type=_positive_int,
+        metavar="N",
+        help="rounds of each figure (default: 5, or 3 with --quick)",
+    )
+    bench.add_argument(
+        "--save", metavar="FILE", help="also write the run to FILE as JSON (for --compare)"
+    )
+    bench.add_argument(
+        "--compare",
+        metavar="FILE",
+        help="print each figure beside the one a run saved in FILE, with the change and "
+        "whether it is outside the noise (the two runs' ranges do not overlap)",
+    )
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--dir", help="where to put scratch teams (default: a temp dir)")
     bench.add_argument(
@@ -232,8 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--only",
         choices=[
-            *("sends", "contention", "round_trips", "wakes", "depth", "agent", "team", "replay"),
-            *("acks", "teamwork", "models", "startup"),
+            *("sends", "sizes", "contention", "writers", "round_trips", "wakes", "depth"),
+            *("agent", "team", "replay", "acks", "teamwork", "models", "startup"),
         ],
         help="run one group of measurements",
     )

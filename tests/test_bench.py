@@ -1,0 +1,260 @@
+"""`teamrt bench` as something to trust: rounds with ranges, CPU time per operation, the load in
+the header, a run saved and compared, the lean os.pipe child, the backlog written as real
+segments. Sizes are tiny and nothing here asserts how fast anything was."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from teamrt import FileMailboxes
+from teamrt.cli import bench_stats
+from teamrt.cli.bench import PIPE_CHILD, PipeChild, Sizes, _write_segments
+from teamrt.cli.bench_stats import Figure
+from teamrt.envelopes import Envelope
+from teamrt.replay.events import WINDOW
+
+
+def bench(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "teamrt", "bench", "--smoke", "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=cwd,
+        check=False,
+    )
+
+
+# --- rounds, ranges, CPU time and the machine --------------------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_each_figure_has_its_rounds_range_and_cpu_time(tmp_path: Path) -> None:
+    result = bench("--only", "sends", "--rounds", "3", "--json", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)
+    meta = run["meta"]
+    assert meta["rounds"] == 3 and meta["mode"] == "smoke" and meta["only"] == "sends"
+    assert len(meta["load_start"]) == 3 and len(meta["load_end"]) == 3
+    assert meta["cpus"] >= 1 and meta["cpus_usable"] >= 1 and meta["python"]
+    assert [g["name"] for g in meta["groups"]] == ["sends"]
+    assert len(meta["probe_us"]) == 2 and all(x > 0 for x in meta["probe_us"])  # per group, end
+    figures = {f["name"]: f for f in run["figures"]}
+    for figure in figures.values():
+        assert figure["group"] == "sends" and figure["rounds"] == 3
+        assert len(figure["samples"]) == 3
+        low, high = figure["range"]
+        assert low == min(figure["samples"]) and high == max(figure["samples"])
+        assert low <= figure["value"] <= high
+    for name in ("awaited sends, durability none", "batched sends (100 per batch)"):
+        figure = figures[name]
+        assert len(figure["cpu"]) == 3 and figure["cpu_us"] > 0  # CPU-bound: CPU time too
+        assert len(figure["baseline_cpu"]) == 3  # and its baseline's
+        assert figure["ok"] is not None and "of CPU" in figure["target"]
+    assert not figures["awaited sends, durability fsync"]["cpu"]  # it waits on the disk
+
+
+@pytest.mark.timeout(240)
+def test_the_table_says_the_load_and_each_range(tmp_path: Path) -> None:
+    result = bench("--only", "agent", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("teamrt bench on ") and "2 rounds" in lines[0]
+    assert lines[1].startswith("load average (1, 5, 15 min): ")
+    assert "a fixed Python loop (the probe): " in lines[1]
+    heading = next(line for line in lines if line.startswith("measurement"))
+    assert heading.split() == [
+        *("measurement", "median", "range", "CPU/op", "baseline", "median", "range", "ratio"),
+        "target",
+    ]
+    row = next(line for line in lines if line.startswith("agent step, checkpointed, at step 10"))
+    assert " us (" in row  # CPU time with its range
+
+
+def test_sizes_fill_what_they_compare() -> None:
+    for quick in (True, False):
+        sizes = Sizes.pick(quick=quick, smoke=False)
+        # replay's memory is compared between two sizes that both fill its windows of recent
+        # ids (one per inbox, three inboxes)
+        assert sizes.replay_small // 3 > WINDOW and sizes.replay_large > sizes.replay_small
+        # the deep backlog spans several segments of the team's size
+        assert sizes.depth_large * 200 > 2 * sizes.segment_bytes
+    assert Sizes.pick(quick=False, smoke=False).depth_large == 1_000_000
+    assert Sizes.pick(quick=True, smoke=False).rounds >= 3
+
+
+# --- saved and compared ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_a_saved_run_is_compared_figure_by_figure(tmp_path: Path) -> None:
+    saved = tmp_path / "before.json"
+    first = bench("--only", "agent", "--save", str(saved), "--dir", str(tmp_path / "scratch"))
+    assert first.returncode == 0, first.stderr
+    run = json.loads(saved.read_text())
+    assert run["format"] == bench_stats.SAVED_FORMAT
+    assert run["meta"]["rounds"] == 2 and run["meta"]["cpu_model"] is not None
+    names = [f["name"] for f in run["figures"]]
+    assert names and all(len(f["samples"]) == 2 for f in run["figures"])
+
+    again = bench("--only", "agent", "--rounds", "3", "--compare", str(saved), "--json")
+    assert again.returncode == 0, again.stderr
+    compared = json.loads(again.stdout)["compare"]
+    assert compared["file"] == str(saved) and compared["not_run"] == []
+    assert [row["name"] for row in compared["figures"]] == names
+    assert compared["machine_change"] > -1
+    late = next(row for row in compared["figures"] if row["name"].endswith("at step 40"))
+    assert late["ratio_verdict"] in {"better", "WORSE", "noise"}  # beside its baseline
+    for row in compared["figures"]:
+        assert row["verdict"] in {"better", "WORSE", "noise"}
+        assert row["cpu_verdict"] in {"better", "WORSE", "noise"}
+        speed = 1 + compared["machine_change"]
+        assert row["cpu_net_change"] == pytest.approx(row["cpu_now"] / row["cpu_saved"] / speed - 1)
+        assert row["change"] == pytest.approx((row["now"] - row["saved"]) / row["saved"])
+
+    text = bench("--only", "agent", "--compare", str(saved))
+    assert text.returncode == 0, text.stderr
+    shown = text.stdout[text.stdout.index("compared with ") :]
+    assert "with 2 and 2 rounds an unchanged figure does that by chance 1 time in 3" in shown
+    assert all(name in shown for name in names)
+
+
+def test_compare_refuses_what_is_not_a_saved_run(tmp_path: Path) -> None:
+    missing = bench("--compare", str(tmp_path / "nothing.json"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    assert missing.stderr.count("\n") == 1 and missing.stdout == ""
+    other = tmp_path / "other.json"
+    other.write_text('{"figures": []}')
+    wrong = bench("--compare", str(other))
+    assert wrong.returncode == 2 and "not a run saved by this teamrt bench" in wrong.stderr
+    nowhere = bench("--save", str(tmp_path / "no" / "such" / "dir.json"))
+    assert nowhere.returncode == 2 and "no directory" in nowhere.stderr
+    rounds = bench("--rounds", "0")
+    assert rounds.returncode == 2 and "not a positive whole number" in rounds.stderr
+
+
+def test_a_change_is_real_only_when_the_ranges_do_not_overlap() -> None:
+    assert bench_stats.verdict([110, 120], [90, 100], "/s") == "better"
+    assert bench_stats.verdict([110, 120], [90, 100], "us") == "WORSE"
+    assert bench_stats.verdict([80, 85], [90, 100], "us") == "better"
+    assert bench_stats.verdict([95, 120], [90, 100], "/s") == "noise"
+    assert bench_stats.verdict([95], [90, 100], "/s") == "1 round"
+    assert bench_stats.chance(3, 3) == pytest.approx(1 / 10)
+    assert bench_stats.chance(5, 5) == pytest.approx(1 / 126)
+
+    now = [Figure.of("a", [10, 12, 11], "us", cpu=[5, 6, 7]), Figure.of("new", [1, 2], "ms")]
+    other = Figure.of("another group's", [1, 2], "us")
+    other.group = "depth"
+    saved = {
+        "format": bench_stats.SAVED_FORMAT,
+        "meta": {"mode": "smoke", "rounds": 2, "probe_us": [2.0, 2.0]},
+        "figures": [
+            Figure.of("a", [20, 22], "us", cpu=[5.5, 6.5]).as_json(),
+            Figure.of("gone", [1, 2], "us").as_json(),
+            other.as_json(),  # not run now: --only ran another group
+        ],
+    }
+    compared = bench_stats.comparison(now, saved, "saved.json")
+    a, new = compared["figures"]
+    assert a["verdict"] == "better" and a["change"] == pytest.approx(11 / 21 - 1)
+    assert a["cpu_verdict"] == "noise" and a["cpu_now"] == 6
+    assert compared["machine_change"] is None  # no probes now: CPU times taken as they are
+    # the machine runs Python 1.5x slower now: CPU times that did not grow with it are better
+    # net of it, but not as measured, so not called better
+    slower = bench_stats.comparison(now, saved, "saved.json", [3.0])
+    assert slower["machine_change"] == pytest.approx(0.5)
+    a = slower["figures"][0]
+    assert a["cpu_change"] == pytest.approx(0.0) and a["cpu_net_change"] == pytest.approx(-1 / 3)
+    assert a["cpu_verdict"] == "noise"
+    faster = Figure.of("a", [10, 12, 11], "us", cpu=[2, 2.5, 3])  # better both ways
+    assert bench_stats.comparison([faster], saved, "s", [3.0])["figures"][0]["cpu_verdict"] == (
+        "better"
+    )
+    assert new["saved"] is None and compared["not_run"] == ["gone"]
+    lines = bench_stats.comparison_lines(slower, {"mode": "smoke", "rounds": 3})
+    assert any("a fixed Python loop took +50.0% of the saved run's CPU time" in x for x in lines)
+    assert any("not in the saved run" in line for line in lines)
+    assert lines[-1] == "in the saved run, not measured now: gone"
+    ratios = Figure.of("r", [10, 20], "us", "base", [5, 10])
+    assert ratios.ratios == [2.0, 2.0]  # round by round
+    again = bench_stats.comparison(
+        [Figure.of("r", [30, 60], "us", "base", [15, 30])],
+        {"format": 1, "meta": {}, "figures": [ratios.as_json()]},
+        "s",
+    )["figures"][0]
+    assert again["verdict"] == "WORSE" and again["ratio_verdict"] == "noise"  # the machine moved
+
+
+# --- the lean os.pipe child ----------------------------------------------------------------
+
+
+def test_the_pipe_child_imports_only_the_standard_library() -> None:
+    tree = ast.parse(PIPE_CHILD.read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module is not None
+            imported.add(node.module.split(".")[0])
+    assert imported <= {"__future__", "asyncio", "os", "struct", "sys", "time", "array"}
+
+
+async def test_the_pipe_child_says_it_is_ready_then_echoes_and_wakes() -> None:
+    async with PipeChild("echo") as echo:
+        before = await echo.cpu()
+        times = await echo.ping_pong(5)
+        assert len(times) == 5 and all(t > 0 for t in times)
+        assert await echo.cpu() >= before
+    async with PipeChild("wake") as wake:
+        assert len(await wake.wakes(3, 0.001)) == 3
+        assert len(await wake.wakes(2, 0.001)) == 2  # each report holds the wakes since the last
+
+
+# --- the backlog as real segments ------------------------------------------------------------
+
+
+async def test_a_backlog_is_written_as_segments_the_store_reads(tmp_path: Path) -> None:
+    team, segment, room = tmp_path / "deep", 16 << 10, 4 << 10
+    async with FileMailboxes(team, members=["lead", "sink"], segment_bytes=segment):
+        pass
+    closed = _write_segments(team, "sink", 500, segment, room)
+    inboxes = team / "inboxes"
+    segments = sorted(inboxes.glob("sink.0*.jsonl"))
+    assert closed == len(segments) >= 3
+    assert all(path.stat().st_size >= segment for path in segments)
+    assert (inboxes / "sink.jsonl").stat().st_size <= segment - room
+    async with FileMailboxes(team) as mail:
+        inbox = mail.inbox("sink")
+        seqs = []
+        while True:
+            try:
+                seqs.append(inbox.receive_nowait().seq)
+            except anyio.WouldBlock:
+                break
+        assert seqs == list(range(500))
+        await mail.send(Envelope.message("lead", "sink", "one more"))
+        assert (await inbox.receive(timeout=5)).seq == 500  # the seq goes on, nothing rotated
+    assert len(sorted(inboxes.glob("sink.0*.jsonl"))) == closed
+
+
+def test_a_backlog_too_big_for_its_active_file_leaves_room(tmp_path: Path) -> None:
+    """Where the rest would fill the active file, the last closed segment takes more of it."""
+    team = tmp_path / "t"
+    (team / "inboxes").mkdir(parents=True)
+    closed = _write_segments(team, "probe", 1, 1 << 20, 0)  # one line's size, as written
+    line = (team / "inboxes" / "probe.jsonl").stat().st_size
+    assert closed == 0
+    segment = 10 * line
+    # 19 lines: one closed segment of 10, 9 in the active file, which wants room for 2
+    closed = _write_segments(team, "sink", 19, segment, 2 * line)
+    active = (team / "inboxes" / "sink.jsonl").stat().st_size
+    assert closed == 1 and active <= segment - 2 * line
+    assert (team / "inboxes" / "sink.000000.jsonl").stat().st_size >= segment
