@@ -204,3 +204,17 @@ def test_replay_follow_on_a_redis_team_prints_what_arrives(redis_server: RedisSe
         if follower.stdout is not None:
             reader.join(10)
             follower.stdout.close()
+
+
+@pytest.mark.parametrize("name", ["conductor", "service"])
+def test_the_conductor_and_service_demos_on_redis(
+    redis_server: RedisServer, tmp_path: Path, name: str
+) -> None:
+    url = f"redis://127.0.0.1:{redis_server.port}/0"
+    env = {"TEAMRT_SERVICE_DIR": str(tmp_path / "service")}
+    result = teamrt("demo", name, "--dir", str(tmp_path), "--store", url, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not list(tmp_path.rglob("inboxes"))  # every inbox in Redis
+    refused = teamrt("demo", "exchange", "--store", url, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "Traceback" not in refused.stderr

@@ -294,16 +294,16 @@ async def demo(args: argparse.Namespace) -> int:
         from teamrt.demos import two_hosts
 
         return await two_hosts.run(root, args.store)
-    if args.store:
-        raise UsageError(
-            f"--store is for research-writer, two-process and two-hosts, not {args.name}"
-        )
+    if args.store and args.name == "exchange":
+        raise UsageError("--store is for every demo but exchange (a lead and a worker on files)")
     if args.name == "conductor":
         from teamrt.demos import conductor
 
-        return await conductor.run(root, args.model)
+        store = with_team(args.store, "conductor-team") if args.store else None
+        return await conductor.run(root, args.model, store)
     if args.name == "service":
-        return await demo.service_demo(root, args.model)
+        store = with_team(args.store, "service") if args.store else None
+        return await demo.service_demo(root, args.model, store)
     if args.model != "offline":
         raise UsageError("the exchange demo has no model (it trades raw requests)")
     return await demo.lead(root)

@@ -92,9 +92,10 @@ async def lead(root: Path) -> int:
     return code
 
 
-async def service_demo(root: Path, model: str = "offline") -> int:
+async def service_demo(root: Path, model: str = "offline", store: str | None = None) -> int:
     """The service demo without a server: the app's lifespan starts the team, and one request
-    goes through the app over an in-memory ASGI transport."""
+    goes through the app over an in-memory ASGI transport. `store`: the team's inboxes in this
+    store URL instead of files."""
     try:
         import httpx
 
@@ -111,7 +112,9 @@ async def service_demo(root: Path, model: str = "offline") -> int:
     if directory.exists():
         shutil.rmtree(directory)  # the demo's own team from an earlier run
     (scratch_dir() / DOCUMENT).unlink(missing_ok=True)  # and the writer's document
-    app = create_app(lambda: demo_team(model), directory=lambda: directory)
+    if store is not None:
+        await real.fresh_team(store)  # the demo's own inboxes from an earlier run
+    app = create_app(lambda: demo_team(model), directory=lambda: directory, store=lambda: store)
     async with app.router.lifespan_context(app):
         members = list(app.state.team.teammates)
         transport = httpx.ASGITransport(app=app)
@@ -124,7 +127,7 @@ async def service_demo(root: Path, model: str = "offline") -> int:
             print(f"{response.status_code} {body}")
             print(f"GET /status -> {(await client.get('/status')).json()}")
     print("the app stopped, and its team shut down with it\n")
-    found = real.print_reports(directory / "team", members)
+    found = real.print_reports(store or directory / "team", members, directory / "team" / "agents")
     failure = real.first_failure(found, members)
     if failure is None and response.status_code != 200:
         failure = f"POST /ask answered {response.status_code}: {body.get('error')}"

@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--store",
         default=os.environ.get("TEAMRT_STORE") or None,
-        help="run research-writer, two-process or two-hosts with its inboxes in this store "
+        help="run a demo (every one but exchange) with its inboxes in this store "
         "(redis://HOST:PORT/DB; the team is the demo's own); default: $TEAMRT_STORE",
     )
     demo.set_defaults(run=_demo, is_async=False)

@@ -29,7 +29,7 @@ from teamrt.agents import tool
 from teamrt.conductor import Conductor, ConductorState, Decision, Plan, Policy, Subtask
 from teamrt.demos import real
 from teamrt.errors import TeamrtError
-from teamrt.mail import FileMailboxes
+from teamrt.mail import open_mailboxes
 from teamrt.models import ChatMessage, ModelReply, ToolSpec, call
 from teamrt.team import IDLE, IdleBody, Team, Teammate
 
@@ -180,9 +180,10 @@ def _show(decision: Decision) -> None:
     )
 
 
-async def run(root: Path, model: str = "offline") -> int:
+async def run(root: Path, model: str = "offline", store: str | None = None) -> int:
     """Run the demo: 0 when the acceptance check passed; otherwise 1, after the stop reports
-    and one line saying why."""
+    and one line saying why. `store`: a store URL for the team's inboxes instead of files
+    under `root` (the conductor's state and the agents' journals stay under `root`)."""
     await real.check_environment(model)
     workdir = root / "conductor-work"
     team_dir = root / "conductor-team"
@@ -193,13 +194,16 @@ async def run(root: Path, model: str = "offline") -> int:
     for path, text in SCAFFOLD.items():
         (workdir / path).parent.mkdir(parents=True, exist_ok=True)
         (workdir / path).write_text(text)
+    where = store or str(team_dir)
+    if store is not None:
+        await real.fresh_team(store)  # the demo's own inboxes from an earlier run
     print(f"goal: make the calc package in {workdir} pass its tests\n")
     planner = real.make_model(model, planner_brain, "planner")
     state: ConductorState | None = None
     stopped: list[str] = []  # why the demo stopped the conductor, if it did
     try:
         async with (
-            FileMailboxes(team_dir) as mail,
+            open_mailboxes(where) as mail,
             Team(mail, builders(workdir, model), agent_dir=team_dir / "agents") as team,
         ):
             with _quiet_escalations(), anyio.CancelScope() as scope:
@@ -243,9 +247,10 @@ async def run(root: Path, model: str = "offline") -> int:
             tail = " ".join(d.evidence.tail.split())[-160:] if d.evidence else ""
             print(f"evidence for step {d.step} ({d.subtask}): {tail}")
     print()
-    found = real.print_reports(team_dir, BUILDERS)
+    found = real.print_reports(where, BUILDERS, team_dir / "agents")
     print(f"\ndecisions with evidence: {state_path}")
-    print(f"replay the team:        teamrt replay {team_dir}")
+    shown = f"'{where}'" if store is not None else where
+    print(f"replay the team:        teamrt replay {shown}")
     failure = stopped[0] if stopped else real.first_failure(found, BUILDERS)
     if failure is None and (state is None or state.outcome != "accepted"):
         outcome = state.outcome if state is not None else "without a state"

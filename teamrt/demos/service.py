@@ -33,7 +33,7 @@ from starlette.routing import Route
 from teamrt.demos import real
 from teamrt.demos.research_writer import TASK, teammates
 from teamrt.errors import RemoteError, RequestTimeout, TeamrtError
-from teamrt.mail import FileMailboxes
+from teamrt.mail import open_mailboxes
 from teamrt.team import BUSY, EXPIRED, TaskResult, Team, Teammate
 
 
@@ -42,15 +42,18 @@ def create_app(
     *,
     directory: Callable[[], Path],
     role: str = "researcher",
+    store: Callable[[], str | None] = lambda: None,
 ) -> Starlette:
     """An app that asks `role` of a team of `make_teammates()`, run in its lifespan on file
-    mailboxes in `directory()` (both called at start-up)."""
+    mailboxes in `directory()`, or in the store `store()` names (a URL) with the agents'
+    journals in `directory()` (each called at start-up)."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         root = directory()
+        where = store() or str(root / "team")
         async with (
-            FileMailboxes(root / "team", members=["lead"]) as mail,
+            open_mailboxes(where, members=["lead"]) as mail,
             Team(mail, make_teammates(), agent_dir=root / "team" / "agents") as team,
         ):
             app.state.team = team
@@ -141,4 +144,4 @@ def service_dir() -> Path:
     return Path(os.environ.get("TEAMRT_SERVICE_DIR", "mailboxes/service"))
 
 
-app = create_app(demo_team, directory=service_dir)
+app = create_app(demo_team, directory=service_dir, store=lambda: os.environ.get("TEAMRT_STORE"))
