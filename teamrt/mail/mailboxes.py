@@ -77,6 +77,10 @@ _LIVENESS_EVERY = 0.5
 #: How long background cursor commits (ack_nowait, routed responses) wait to batch acks.
 DEFAULT_COMMIT_DELAY = 0.01
 _POLL_INTERVAL = 0.05  # where the platform has no file notifications
+#: The safety rescan checks every waiting inbox of a process that has up to this many open;
+#: beyond it, those the store reports as possibly written, plus `RESCAN_SWEEP` more in turn.
+RESCAN_EACH_UP_TO = 64
+RESCAN_SWEEP = 16
 #: How long `send` keeps retrying an append that a network store could not complete (not
 #: reached, or no answer) before it raises; backoff from 50 ms up to 1 s between tries.
 DEFAULT_SEND_RETRY = 10.0
@@ -520,15 +524,41 @@ class Mailboxes:
             await anyio.sleep(HEARTBEAT_INTERVAL)
 
     async def _rescan(self) -> None:
+        """The safety net behind the store's notifications: every interval, each inbox someone
+        waits on and that has something new is signalled, so a lost notification delays a
+        receiver by one interval at most.
+
+        Its cost does not grow with the number of inboxes: up to `RESCAN_EACH_UP_TO` inboxes
+        are each checked every interval; beyond that, only those the store reports as possibly
+        written (`Store.changed_inboxes`, one check for all of them), plus `RESCAN_SWEEP` more
+        in turn; and all of them whenever the store cannot tell."""
         interval = _POLL_INTERVAL if self.store.needs_polling else self._rescan_interval
+        tracking = False
+        order: list[str] = []  # the inboxes to sweep in turn
+        at = 0
         while True:
             await anyio.sleep(interval)
-            for inbox in list(self._inboxes.values()):
-                if inbox._event is None:
-                    continue  # nobody waits on it: whoever reads next reads what is there
-                if inbox._has_new():
-                    inbox._signal()
-                elif self.store.capabilities.network:  # what the watcher may have missed
-                    with contextlib.suppress(StoreError):
-                        if await inbox._fetch():
-                            inbox._signal()
+            inboxes = self._inboxes
+            changed = None
+            if tracking or len(inboxes) > RESCAN_EACH_UP_TO:
+                tracking = True  # once asked, the store tracks changes until it closes
+                changed = self.store.changed_inboxes()
+            if changed is None or len(inboxes) <= RESCAN_EACH_UP_TO:
+                await self._rescan_some(list(inboxes.values()))
+                continue
+            if at >= len(order):
+                order, at = list(inboxes), 0
+            names = changed.union(order[at : at + RESCAN_SWEEP])
+            at += RESCAN_SWEEP
+            await self._rescan_some([inboxes[n] for n in names if n in inboxes])
+
+    async def _rescan_some(self, inboxes: list[Inbox]) -> None:
+        for inbox in inboxes:
+            if inbox._event is None:
+                continue  # nobody waits on it: whoever reads next reads what is there
+            if inbox._has_new():
+                inbox._signal()
+            elif self.store.capabilities.network:  # what the watcher may have missed
+                with contextlib.suppress(StoreError):
+                    if await inbox._fetch():
+                        inbox._signal()

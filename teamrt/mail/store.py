@@ -245,6 +245,16 @@ class Store(ABC):
     def watch_inbox(self, name: str) -> None:
         """Start reporting writes to `name`'s inbox (called when a local reader opens)."""
 
+    def changed_inboxes(self) -> set[str] | None:
+        """For the safety rescan of a process that reads many inboxes: the inboxes this process
+        reads that may have been written since the previous call, found by one check whose cost
+        does not depend on how many inboxes there are, and independently of the notifications
+        `watch` delivers (so that one they lost is still found). None when the store cannot
+        tell: on the first call (which starts the tracking), after the tracking lost events
+        itself, and always on a store without it; the rescan then checks every waiting
+        inbox."""
+        return None
+
     def view(self) -> TeamView:
         """A read-only view of this store's team for tools."""
         raise NotImplementedError(f"{type(self).__name__} has no view")

@@ -8,7 +8,8 @@ newline and to recover the next `seq`; rotates the log into a numbered segment p
 (link, then rename a fresh file over the active name, so the active file always exists); then
 writes one stamped line, looping over short writes and truncating back to the old size on any
 error. The common case is four syscalls (flock, fstat, write, unlock) run inline on the event
-loop; only a contended lock goes to a worker thread. In `fsync` mode, senders then share fdatasync
+loop; a contended lock is first retried for an adaptive few microseconds (see
+`Appender.spin`), then waited for in a worker thread. In `fsync` mode, senders then share fdatasync
 calls (group commit) outside the lock.
 
 Readers take no lock: they pread from their cursor, decode complete lines only, quarantine what
@@ -20,9 +21,10 @@ symbolic link.
     paths.py      the team directory's layout: where an inbox's files are, the active segment
     framing.py    lines into records (torn tails held back), the cursor file's two slots
     fileio.py     O_NOFOLLOW creation, atomic replace, directory checks, OSError translation
-    appender.py   the locked append, seq recovery, rotation
+    appender.py   the locked append (an adaptive spin on a contended lock), seq recovery, rotation
     reader.py     the owner's reader, cursor checks and commits, quarantine
-    store.py      FileStore: directory, roster, leases, the inotify watch
+    store.py      FileStore: directory, roster, leases, the inotify watches (wake-ups; the
+                  change tracking behind the rescan of many inboxes)
     watch.py      the inotify dispatch loop
     view.py       FileView: the read-only view tools use
     mailboxes.py  FileMailboxes: Mailboxes over a FileStore

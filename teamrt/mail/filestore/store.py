@@ -12,13 +12,15 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
+import struct
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio
+import anyio.lowlevel
 from anyio.abc import TaskStatus
 
 from teamrt.errors import MemberBusy, StoreCorrupt, StoreError, UnknownRecipient, UsageError
@@ -53,6 +55,13 @@ from teamrt.names import validate_name
 
 ROSTER_FORMAT = 1
 DEFAULT_SEGMENT_BYTES = 64 << 20
+#: Lease heartbeats renewed between two turns of the event loop.
+_RENEW_BATCH = 256
+
+# changed_inboxes(): the event inotify queues when it drops events (wd -1, IN_Q_OVERFLOW), and
+# the name of an active log in an event (`<agent>.jsonl`, NUL-terminated, after a header)
+_CHANGES_LOST = struct.pack("=iI", -1, inotify.IN_Q_OVERFLOW)
+_ACTIVE_LOG = re.compile(rb"\x00([A-Za-z0-9][A-Za-z0-9_-]{0,63})\.jsonl\x00")
 
 
 def _probe_lease(path: Path) -> tuple[str, float] | None:
@@ -148,6 +157,9 @@ class FileStore(Store):
         self._watched: dict[str, int] = {}
         self._inotify: inotify.Inotify | None = None
         self._notify: Callable[[str], None] | None = None
+        self._changes: inotify.Inotify | None = None  # see changed_inboxes()
+        self._changes_broken = False
+        self._changes_gone = b""
 
     def inbox_paths(self, name: str) -> InboxPaths:
         return InboxPaths(self.inboxes, validate_name(name))
@@ -315,7 +327,7 @@ class FileStore(Store):
                 finally:
                     appender.unlock()
             else:
-                seq = await anyio.to_thread.run_sync(appender.append_blocking, encoded)
+                seq = await appender.append_contended(encoded)
             ticket = appender.syncs.ticket() if self.durability == "fsync" else 0
         finally:
             appender.pass_turn()
@@ -422,6 +434,68 @@ class FileStore(Store):
         if self._notify is not None:
             for name in self._watched:
                 self._notify(name)
+
+    def changed_inboxes(self) -> set[str] | None:
+        """See `Store.changed_inboxes`. A second inotify instance watches the `inboxes/`
+        directory for writes to any file in it. It is never registered with the event loop, so
+        it wakes nobody: the rescan reads what it queued (one `read` that finds nothing when
+        nothing was written) and keeps the names of the active logs this process reads; after
+        an overflow it starts afresh. It is independent of the per-file watches that wake
+        receivers (another queue, no watch to move on rotation, no dispatch on the event loop),
+        so a notification those lose is still seen here.
+
+        Armed on first use only: a directory watch makes every write in `inboxes/` queue one
+        more event, so a process that reads few inboxes, whose rescan checks each of them, never
+        arms it."""
+        if self.needs_polling or self._changes_broken:
+            return None
+        watcher = self._changes
+        if watcher is None:
+            self._arm_changes()
+            return None  # what was written before it was armed is unknown
+        changed: set[str] = set()
+        while True:
+            try:
+                data = os.read(watcher.fd, 1 << 16)  # whole events only, as many as fit
+            except BlockingIOError:
+                break
+            except OSError:
+                data = _CHANGES_LOST
+            if _CHANGES_LOST in data or self._changes_gone in data:
+                # the queue overflowed (or the directory went): start with an empty one; the
+                # caller checks every waiting inbox this time
+                self._close_changes()
+                self._arm_changes()
+                return None
+            # each event is a 16-byte header whose last byte before the name is 0 (a length
+            # under 2**24), then the file name, NUL-padded: pick out the active logs' names
+            changed.update(m.decode() for m in _ACTIVE_LOG.findall(data))
+        return changed & self._watched.keys()
+
+    def _arm_changes(self) -> None:
+        try:
+            watcher = inotify.Inotify()
+        except OSError:  # out of inotify instances: the rescan checks every waiting inbox
+            self._changes_broken = True
+            return
+        try:
+            wd = watcher.add_watch(
+                str(self.inboxes),
+                inotify.IN_MODIFY | inotify.IN_MOVED_TO | inotify.IN_CREATE,
+                "",
+                lambda _: None,
+            )
+        except OSError:
+            watcher.close()
+            self._changes_broken = True
+            return
+        self._changes = watcher
+        self._changes_gone = struct.pack("=iI", wd, inotify.IN_IGNORED)
+
+    def _close_changes(self) -> None:
+        if self._changes is not None:
+            self._changes.close()
+            self._changes = None
 
     def watch_count(self) -> int:
         """Inotify watches this store holds (one per inbox it reads, plus the directory)."""
@@ -535,16 +609,28 @@ class FileStore(Store):
         return time.time() - held[1] < LEASE_STALE_AFTER
 
     async def renew_leases(self) -> None:
-        """Refresh the heartbeat (the lease file's modification time) of every lease held."""
-        for record in self.held_leases():
-            if isinstance(record.token, int):
-                with contextlib.suppress(OSError):  # a heartbeat must never fail a process
-                    os.utime(record.token)
+        """Refresh the heartbeat (the lease file's modification time) of every lease held,
+        `_RENEW_BATCH` at a time between which other tasks run, so that a process holding
+        thousands of leases does not hold up its event loop for the whole round."""
+        table = self._lease_table()
+        for count, record in enumerate(list(table.values()), 1):
+            if table.get(record.name) is not record:
+                continue  # released meanwhile: its descriptor is closed, maybe reused
+            token = record.token
+            if isinstance(token, int):
+                try:  # noqa: SIM105 -- per lease held: suppress() would cost a third more
+                    os.utime(token)
+                except OSError:  # a heartbeat must never fail a process
+                    pass
+            if count % _RENEW_BATCH == 0:
+                await anyio.lowlevel.checkpoint()
 
     async def close(self) -> None:
         for appender in self._appenders.values():
             appender.close()
         self._appenders.clear()
+        self._close_changes()
+        self._changes_broken = False
 
     def statistics(self) -> dict[str, int]:
         """Torn tails this process sealed, per inbox it wrote to."""
