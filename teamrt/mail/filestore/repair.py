@@ -240,4 +240,7 @@ def repair_team(path: str | os.PathLike[str], inbox: str | None = None) -> list[
         raise StoreError(2, f"no team at {store.path} (team.json is missing)")
     store.check_directories()
     names = [inbox] if inbox is not None else list(store.members(refresh=True))
-    return [repair_inbox(store, name) for name in names]
+    try:
+        return [repair_inbox(store, name) for name in names]
+    finally:
+        run_local(store.close(), "closing a team directory")  # and its heartbeat file

@@ -64,10 +64,28 @@ _CHANGES_LOST = struct.pack("=iI", -1, inotify.IN_Q_OVERFLOW)
 _ACTIVE_LOG = re.compile(rb"\x00([A-Za-z0-9][A-Za-z0-9_-]{0,63})\.jsonl\x00")
 
 
+#: A process that holds leases keeps one heartbeat file in agents/ (`.heartbeat-<pid>-<tag>`)
+#: whose modification time it refreshes every second, whatever the number of leases; each lease
+#: file names it on its second line. Files of processes long gone are removed after a day.
+HEARTBEAT_PREFIX = ".heartbeat-"
+_HEARTBEAT_FILES_KEPT = 24 * 3600.0
+
+
+def _read_lease(fd: int) -> tuple[str, str | None]:
+    """A lease file's holder line and the name of the heartbeat file it names (None in the
+    older format, where the lease file's own modification time is the heartbeat)."""
+    text = os.pread(fd, 512, 0).decode(errors="replace")
+    holder, _, rest = text.partition("\n")
+    beat = rest.strip().removeprefix("heartbeat ")
+    valid = beat.startswith(HEARTBEAT_PREFIX) and "/" not in beat and beat != rest.strip()
+    return holder.strip() or "unknown holder", beat if valid else None
+
+
 def _probe_lease(path: Path) -> tuple[str, float] | None:
-    """The holder's line and the lease file's modification time (its heartbeat) if a process
-    holds the lease at `path`, else None (the file missing, or its lock free). Takes the lock
-    for an instant only when it is free; never blocks."""
+    """The holder's line and its heartbeat (the modification time of the heartbeat file the
+    lease names, or of the lease file in the older format) if a process holds the lease at
+    `path`, else None (the file missing, or its lock free). Takes the lock for an instant only
+    when it is free; never blocks."""
     try:
         fd = os.open(path, O_READ)
     except FileNotFoundError:
@@ -76,8 +94,13 @@ def _probe_lease(path: Path) -> tuple[str, float] | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown holder"
-            return holder, os.fstat(fd).st_mtime
+            holder, beat = _read_lease(fd)
+            if beat is None:
+                return holder, os.fstat(fd).st_mtime
+            try:
+                return holder, os.stat(path.parent / beat, follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                return holder, 0.0  # its heartbeat is gone: a holder that stopped beating
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
@@ -102,11 +125,13 @@ def _lock_exclusive(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def _describe(fd: int, holder: str) -> None:
-    """Write who holds a lease into its file (for the error the next claimant sees)."""
+def _describe(fd: int, holder: str, heartbeat: str | None = None) -> None:
+    """Write who holds a lease into its file (for the error the next claimant sees), and the
+    holder's heartbeat file."""
+    text = f"{holder}\n" + (f"heartbeat {heartbeat}\n" if heartbeat is not None else "")
     with contextlib.suppress(OSError):  # only a description: a full disk must not stop us
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{holder}\n".encode(), 0)
+        os.pwrite(fd, text.encode(), 0)
 
 
 def _shared_from_env() -> bool:
@@ -154,6 +179,8 @@ class FileStore(Store):
         self._roster: tuple[str, ...] = ()
         self._roster_mtime = -1
         self._appenders: dict[str, Appender] = {}
+        self._heartbeat_fd = -1  # this store object's heartbeat file (see HEARTBEAT_PREFIX)
+        self._heartbeat_name: str | None = None
         self._watched: dict[str, int] = {}
         self._inotify: inotify.Inotify | None = None
         self._notify: Callable[[str], None] | None = None
@@ -525,17 +552,45 @@ class FileStore(Store):
         try:
             _lock_exclusive(fd)
         except BlockingIOError:
-            current = os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown holder"
+            current = _read_lease(fd)[0]
             os.close(fd)
             raise MemberBusy(
                 f"member {name!r} of team {self.team!r} is already running ({current})"
             ) from None
-        _describe(fd, holder)
+        _describe(fd, holder, self._heartbeat())
         return fd, 0
+
+    def _heartbeat(self) -> str | None:
+        """This store object's heartbeat file (made with its first lease), by name; None if it
+        cannot be made (the lease file's own time is the heartbeat then)."""
+        if self._heartbeat_name is not None:
+            return self._heartbeat_name
+        name = f"{HEARTBEAT_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            fd = os.open(
+                self.agents / name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                self.file_mode,
+            )
+        except OSError:
+            return None
+        self._heartbeat_fd, self._heartbeat_name = fd, name
+        self._remove_old_heartbeats()
+        return name
+
+    def _remove_old_heartbeats(self) -> None:
+        """Heartbeat files of processes gone for a day (a killed process leaves its file)."""
+        cutoff = time.time() - _HEARTBEAT_FILES_KEPT
+        with contextlib.suppress(OSError), os.scandir(self.agents) as entries:
+            for entry in entries:
+                if entry.name.startswith(HEARTBEAT_PREFIX) and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                            os.unlink(entry.path)
 
     async def _describe_holder(self, record: LeaseRecord, holder: str) -> None:
         assert isinstance(record.token, int)
-        _describe(record.token, holder)
+        _describe(record.token, holder, self._heartbeat_name)
 
     async def _unlock_member(self, record: LeaseRecord) -> None:
         fd = record.token
@@ -609,10 +664,16 @@ class FileStore(Store):
         return time.time() - held[1] < LEASE_STALE_AFTER
 
     async def renew_leases(self) -> None:
-        """Refresh the heartbeat (the lease file's modification time) of every lease held,
-        `_RENEW_BATCH` at a time between which other tasks run, so that a process holding
-        thousands of leases does not hold up its event loop for the whole round."""
+        """Refresh this store object's heartbeat: one file whatever the number of leases held
+        (the lease files of leases taken without one, their own modification time,
+        `_RENEW_BATCH` at a time between which other tasks run)."""
         table = self._lease_table()
+        if not table:
+            return
+        if self._heartbeat_fd >= 0:
+            with contextlib.suppress(OSError):  # a heartbeat must never fail a process
+                os.utime(self._heartbeat_fd)
+            return
         for count, record in enumerate(list(table.values()), 1):
             if table.get(record.name) is not record:
                 continue  # released meanwhile: its descriptor is closed, maybe reused
@@ -629,6 +690,11 @@ class FileStore(Store):
         for appender in self._appenders.values():
             appender.close()
         self._appenders.clear()
+        if self._heartbeat_fd >= 0 and not self._lease_table():
+            os.close(self._heartbeat_fd)
+            with contextlib.suppress(OSError):
+                os.unlink(self.agents / str(self._heartbeat_name))
+            self._heartbeat_fd, self._heartbeat_name = -1, None
         self._close_changes()
         self._changes_broken = False
 
