@@ -22,22 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
 import redis.asyncio
 
+from teamrt.demos.local_redis import private_redis_server
 from teamrt.envelopes import Envelope
 from teamrt.errors import MemberBusy, UsageError
 from teamrt.mail.log import encode
@@ -45,43 +42,6 @@ from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore
 
 PAYLOAD = {"text": "x" * 150, "step": 1}  # about 250 bytes encoded, like a small message
-
-
-# -- a private server --------------------------------------------------------------------------
-
-
-def start_server(directory: Path, appendfsync: str) -> tuple[subprocess.Popen[bytes], int]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise UsageError(
-            "--store redis starts a private redis-server, and none is installed "
-            "(apt-get install redis-server); or give a server: --store redis://HOST:PORT/DB"
-        )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    options = {
-        "port": str(port),
-        "bind": "127.0.0.1",
-        "dir": str(directory),
-        "appendonly": "yes",
-        "appendfsync": appendfsync,
-        "save": "",
-        "logfile": str(directory / "redis.log"),
-    }
-    args = [binary, *(part for k, v in options.items() for part in (f"--{k}", v))]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return process, port
-        except OSError:
-            time.sleep(0.02)
-    process.kill()
-    raise UsageError("redis-server did not start within 20 s")
 
 
 # -- the echo processes --------------------------------------------------------------------------
@@ -211,13 +171,13 @@ async def timed(action: Callable[[], Awaitable[object]], count: int) -> float:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
-    work = Path(tempfile.mkdtemp(prefix="teamrt-redis-bench-"))
-    server = None
     if args.url:
-        base = args.url.split("?")[0]
-    else:
-        server, port = start_server(work, args.appendfsync)
-        base = f"redis://127.0.0.1:{port}/0"
+        return await _measure(args, args.url.split("?")[0])
+    with private_redis_server(appendfsync=args.appendfsync, user="--store redis") as base:
+        return await _measure(args, base)
+
+
+async def _measure(args: argparse.Namespace, base: str) -> dict[str, list[float]]:
     team = f"bench{uuid.uuid4().hex[:8]}"
     url = f"{base}?team={team}"
     children = []
@@ -331,12 +291,8 @@ async def measure(args: argparse.Namespace) -> dict[str, list[float]]:
         for child in children:
             child.send_signal(signal.SIGTERM)
             child.wait(10)
-        if server is None:  # a server of the user's: the bench's own team goes
+        if args.url:  # a server of the user's: the bench's own team goes
             await _destroy_when_free(url)
-        if server is not None:
-            server.terminate()
-            server.wait(10)
-        shutil.rmtree(work, ignore_errors=True)
     return results
 
 

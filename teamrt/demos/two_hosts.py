@@ -15,16 +15,12 @@ temporary directory, and stops it at the end.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -32,8 +28,8 @@ import anyio
 import anyio.abc
 
 from teamrt.agents.tools import tool
+from teamrt.demos.local_redis import private_redis_server
 from teamrt.envelopes import Envelope
-from teamrt.errors import TeamrtError, UsageError
 from teamrt.mail import export_team, open_mailboxes, open_store, open_view
 from teamrt.mail.locator import describe, with_team
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
@@ -81,58 +77,11 @@ def writer() -> Teammate:
 # --- a private Redis server, unless one is given ----------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def _private_server() -> Iterator[str]:
-    """A redis-server on a free port of 127.0.0.1 in a temporary directory (append-only file
-    on), stopped when the block ends; yields its URL."""
-    program = shutil.which("redis-server")
-    if program is None:
-        raise UsageError(
-            "the two-hosts demo needs a Redis server: install redis-server (the demo then "
-            "starts a private one), or pass --store redis://HOST:PORT/DB"
-        )
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="teamrt-redis-") as directory:
-        process = subprocess.Popen(
-            [program, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory,
-             "--appendonly", "yes", "--save", "", "--daemonize", "no"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                with (
-                    contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", port), timeout=0.5) as probe,
-                ):
-                    probe.sendall(b"PING\r\n")
-                    if probe.recv(16).startswith(b"+PONG"):
-                        break
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise TeamrtError(f"redis-server did not start on port {port}")
-                time.sleep(0.02)
-            print(f"demo: started a private redis-server (pid {process.pid}) on 127.0.0.1:{port}")
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _with_lease_ttl(url: str, seconds: float) -> str:
-    parts = urlsplit(url)
+def _team_url(server: str) -> str:
+    """The demo's team on `server`, with the demo's short lease time limit."""
+    parts = urlsplit(with_team(server, TEAM))
     query = [(k, v) for k, v in parse_qsl(parts.query) if k != "lease_ttl"]
-    return urlunsplit(parts._replace(query=urlencode([*query, ("lease_ttl", f"{seconds:g}")])))
+    return urlunsplit(parts._replace(query=urlencode([*query, ("lease_ttl", f"{LEASE_TTL:g}")])))
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -140,11 +89,11 @@ def _with_lease_ttl(url: str, seconds: float) -> str:
 
 async def run(root: Path, store: str | None = None) -> int:
     """Run the demo (see the module docstring); 0 when the second incarnation answered."""
-    with contextlib.ExitStack() as stack:
-        server = store or stack.enter_context(_private_server())
-        url = _with_lease_ttl(with_team(server, TEAM), LEASE_TTL)
-        return await _run(root / TEAM, url)
-    raise AssertionError("unreachable")  # pragma: no cover
+    if store is not None:
+        return await _run(root / TEAM, _team_url(store))
+    with private_redis_server(user="the two-hosts demo") as server:
+        print(f"demo: started a private redis-server at {server}")
+        return await _run(root / TEAM, _team_url(server))
 
 
 def _fresh_hosts(base: Path) -> tuple[Path, Path]:
@@ -253,8 +202,7 @@ def _show(url: str, when: str) -> None:
           f"its lease: {holder}")  # fmt: skip
 
 
-async def _until(condition: object, what: str, timeout: float = 60) -> None:
-    assert callable(condition)
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
     """Poll another process's doing (files, the store) until `condition()`."""
     with anyio.fail_after(timeout):
         while not condition():  # noqa: ASYNC110 -- the state is another process's: polled

@@ -52,17 +52,6 @@ def with_team(url: str, team: str) -> str:
     return urlunsplit(parts._replace(query=urlencode([*query, ("team", team)])))
 
 
-def _take_param(url: str, name: str) -> tuple[str, str | None]:
-    """`url` without its query parameter `name`, and that parameter's value (None if absent)."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    value = next((v for k, v in query if k == name), None)
-    if value is None:
-        return url, None
-    rest = urlencode([(k, v) for k, v in query if k != name])
-    return urlunsplit(parts._replace(query=rest)), value
-
-
 def describe(locator: Locator) -> str:
     """`locator` for messages, without a password a URL may carry."""
     if not is_url(locator):
@@ -94,15 +83,10 @@ def open_store(
                 f"{describe(locator)} is a Redis team, and the Redis client is not installed "
                 f"({exc}): install teamrt with the redis extra, pip install 'teamrt[redis]'"
             ) from None
-        url, ttl = _take_param(str(locator), "lease_ttl")
-        if ttl is not None:
-            try:
-                options.setdefault("lease_ttl", float(ttl))
-            except ValueError:
-                raise UsageError(f"lease_ttl={ttl!r} in {describe(url)}: give seconds") from None
-        store: Store = redisstore.RedisStore(
-            url, durability=durability, max_envelope=max_envelope, create=create, **options
-        )
+        store: Store = redisstore.RedisStore(  # it reads ?team= and ?lease_ttl= itself
+            str(locator), durability=durability, max_envelope=max_envelope, create=create,
+            **options,
+        )  # fmt: skip
         return store
     from teamrt.mail.filestore.store import FileStore
 

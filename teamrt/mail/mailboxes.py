@@ -22,9 +22,9 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -68,6 +68,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("teamrt.mail")
+T = TypeVar("T")
 
 DEFAULT_RESCAN_INTERVAL = 1.0
 #: A request to a member that ran and is not running fails after this many seconds (the
@@ -278,23 +279,26 @@ class Mailboxes:
         self._wake(envelope.recipient)
 
     async def _append(self, recipient: str, encoded: bytes | Sequence[bytes]) -> None:
-        """Append, retrying for up to `send_retry` seconds an append a network store could
-        not complete: not reached (`StoreUnavailable`: nothing was sent) or not answered
+        """Append, retried as `_retrying` says."""
+        if isinstance(encoded, bytes):
+            await self._retrying(recipient, lambda: self.store.append(recipient, encoded))
+        else:
+            await self._retrying(recipient, lambda: self.store.append_many(recipient, encoded))
+
+    async def _retrying(self, to: str, append: Callable[[], Awaitable[T]]) -> T:
+        """`append()`, retried for up to `send_retry` seconds when a network store could not
+        complete it: not reached (`StoreUnavailable`: nothing was sent) or not answered
         (`OutcomeUnknown`: maybe sent; the same bytes again are dropped by the receiver as a
         duplicate id). Other errors are final at once."""
         give_up = time.monotonic() + self._send_retry
         delay = 0.05
         while True:
             try:
-                if isinstance(encoded, bytes):
-                    await self.store.append(recipient, encoded)
-                else:
-                    await self.store.append_many(recipient, encoded)
-                return
+                return await append()
             except (StoreUnavailable, OutcomeUnknown) as exc:
                 if time.monotonic() + delay > give_up:
                     raise
-                log.warning("send to %s: %s; trying again in %.2fs", recipient, exc, delay)
+                log.warning("send to %s: %s; trying again in %.2fs", to, exc, delay)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
@@ -303,16 +307,9 @@ class Mailboxes:
         atomic broadcasts; otherwise one by one, and if some appends fail, the others are
         still tried and `PartialBroadcast` names who got it and who did not."""
         if self.store.capabilities.atomic_broadcast:
-            give_up, delay = time.monotonic() + self._send_retry, 0.05
-            while True:
-                try:
-                    reached = await self.store.append_broadcast(envelope.sender, encoded)
-                    break
-                except (StoreUnavailable, OutcomeUnknown):
-                    if time.monotonic() + delay > give_up:
-                        raise
-                    await anyio.sleep(delay)
-                    delay = min(delay * 2, 1.0)
+            reached = await self._retrying(
+                "every member", lambda: self.store.append_broadcast(envelope.sender, encoded)
+            )
             for member in reached:
                 self._wake(member)
             return

@@ -14,6 +14,7 @@ import bisect
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from teamrt.errors import UsageError
@@ -89,8 +90,9 @@ def _export_inbox(view: TeamView, store: FileStore, name: str) -> int:
     return len(ends)
 
 
-def _write_cursor(store: FileStore, paths: InboxPaths, cursor: Cursor, offset_of: object) -> None:
-    assert callable(offset_of)
+def _write_cursor(
+    store: FileStore, paths: InboxPaths, cursor: Cursor, offset_of: Callable[[Position], int]
+) -> None:
     ahead = tuple(
         (0, offset_of((a, b)), 0, offset_of((c, d)))
         for a, b, c, d in cursor.ahead
@@ -110,17 +112,20 @@ def _write_cursor(store: FileStore, paths: InboxPaths, cursor: Cursor, offset_of
 
 
 def _write_quarantine(
-    view: TeamView, store: FileStore, paths: InboxPaths, name: str, offset_of: object
+    view: TeamView,
+    store: FileStore,
+    paths: InboxPaths,
+    name: str,
+    offset_of: Callable[[Position], int],
 ) -> None:
-    assert callable(offset_of)
     lines = []
     for record in view.quarantined(name):
         at, end = record.get("at"), record.get("end")
         start = end_offset = 0
         if isinstance(end, list) and len(end) == 2:
-            end_offset = offset_of(tuple(end))
+            end_offset = offset_of((int(end[0]), int(end[1])))
         if isinstance(at, list) and len(at) == 2:
-            start = offset_of(tuple(at))
+            start = offset_of((int(at[0]), int(at[1])))
         entry = {
             "segment": 0,
             "offset": start,
