@@ -1,0 +1,182 @@
+"""Forking a team at an envelope: the cut (inboxes, cursors, journals), re-driving the fork to
+the same end or, with a changed script, to another; bad input; and team-wide reruns."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from teamrt import FileMailboxes
+from teamrt.agents.journal import Journal
+from teamrt.cli.main import main
+from teamrt.demos import research_writer as demo
+from teamrt.envelopes import Envelope, Request, Response
+from teamrt.errors import UsageError
+from teamrt.fork import fork_team, wait_for_answers
+from teamrt.mail import open_view
+from teamrt.mail.log import Record, decode_entry
+from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
+from teamrt.rerun import rerun_team
+from teamrt.team import TaskResult, Team, Teammate
+
+
+@pytest.fixture(autouse=True)
+def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The writer's files go under the test's directory."""
+    where = tmp_path / "scratch"
+    monkeypatch.setenv("TEAMRT_DEMO_SCRATCH", str(where))
+    return where
+
+
+def _terse_writer(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+    """A changed script: the writer writes one line, whatever the findings."""
+    if messages[-1].role == "tool":
+        return f"Done tersely: {messages[-1].content}"
+    return call("write_file", name="agent-loop.md", content="# The agent loop\n\nIt loops.\n")
+
+
+def _team(writer_brain: object = None) -> list[Teammate]:
+    researcher, writer = demo.teammates("offline")
+    if writer_brain is not None:
+        writer = dataclasses.replace(writer, model=FunctionModel(_terse_writer))
+    return [researcher, writer]
+
+
+async def _run(directory: Path) -> TaskResult:
+    async with (
+        FileMailboxes(directory) as mail,
+        Team(mail, _team(), agent_dir=directory / "agents") as team,
+    ):
+        return await team.ask("researcher", demo.TASK, timeout=30)
+
+
+async def _redrive(directory: Path, teammates: list[Teammate], requests: list[str]) -> Response:
+    async with (
+        FileMailboxes(directory) as mail,
+        Team(mail, teammates, agent_dir=directory / "agents"),
+    ):
+        answers = await wait_for_answers(mail, requests, timeout=30)
+    (answer,) = answers.values()
+    return answer
+
+
+def _envelopes(directory: Path, inbox: str) -> list[Envelope]:
+    with open_view(directory) as view:
+        decoded = [decode_entry(e) for e in view.scan(inbox)]
+    return [d.envelope for d in decoded if isinstance(d, Record)]
+
+
+def _findings_request(directory: Path) -> Request:
+    """The researcher's request to the writer: mid-run, after the notes were read."""
+    return next(
+        e
+        for e in _envelopes(directory, "writer")
+        if isinstance(e, Request) and e.sender == "researcher"
+    )
+
+
+async def test_a_fork_at_a_mid_run_envelope_reruns_to_the_same_end(tmp_path: Path) -> None:
+    source = tmp_path / "research-writer"
+    original = await _run(source)
+    assert original.stop_reason == "answer"
+    at = _findings_request(source)
+    dest = tmp_path / "forks" / "try-1"
+    summary = fork_team(source, at.id, dest)
+
+    # the cut: the lead's task is open, the researcher was waiting on the writer, who had not
+    # started; nothing sent after the findings request is in the fork
+    task = next(r for r in summary.open_requests if r.sender == "lead")
+    assert task.recipient == "researcher" and task.type == "task"
+    assert all(e.ts <= at.ts for name in ("lead", "researcher", "writer")
+               for e in _envelopes(dest, name))  # fmt: skip
+    assert not any(e.type == "task_result" for e in _envelopes(dest, "lead"))
+    researcher = summary.agents["researcher"]
+    assert researcher.in_progress and researcher.task_id == task.id
+    assert researcher.dropped > 0 and researcher.calls == 3
+    assert summary.agents["writer"].journal is None
+    assert not (dest / "agents" / "writer.state.jsonl").exists()
+    state = Journal(dest / "agents" / "researcher.state.jsonl").load()
+    assert state is not None and state.open_step is not None
+    assert [c.name for c in state.open_step.reply.tool_calls] == ["request"]
+    assert not state.open_step.results  # the request's answer came after the cut
+    # cursors: the researcher's task is not handled (it resumes it); the findings request
+    # is, because the researcher sends it again when it resumes
+    assert summary.inboxes["researcher"].handled < summary.inboxes["researcher"].kept
+    assert summary.inboxes["writer"].handled == summary.inboxes["writer"].kept
+    assert json.loads((dest / "export.json").read_text())["forked_at"] == at.id
+
+    answer = await _redrive(dest, _team(), [task.id])
+    assert answer.in_reply_to == task.id
+    assert TaskResult.model_validate(answer.body).answer == original.answer
+
+
+async def test_a_fork_with_a_changed_script_reaches_a_different_end(
+    tmp_path: Path, scratch: Path
+) -> None:
+    source = tmp_path / "research-writer"
+    original = await _run(source)
+    summary = fork_team(source, _findings_request(source).id, tmp_path / "try-2")
+    task = next(r.id for r in summary.open_requests if r.sender == "lead")
+    answer = await _redrive(tmp_path / "try-2", _team(writer_brain=_terse_writer), [task])
+    result = TaskResult.model_validate(answer.body)
+    assert result.stop_reason == "answer" and result.answer != original.answer
+    assert "Done tersely" in (result.answer or "")
+    assert (scratch / "agent-loop.md").read_text() == "# The agent loop\n\nIt loops.\n"
+
+
+async def test_a_fork_at_the_first_task_has_no_journals(tmp_path: Path) -> None:
+    source = tmp_path / "research-writer"
+    await _run(source)
+    first = next(e for e in _envelopes(source, "researcher") if e.type == "task")
+    summary = fork_team(source, first.id, tmp_path / "at-start")
+    assert all(a.journal is None for a in summary.agents.values())
+    assert [r.id for r in summary.open_requests] == [first.id]
+    assert summary.inboxes["writer"].kept == len(
+        [e for e in _envelopes(source, "writer") if e.ts <= first.ts]
+    )
+
+
+async def test_bad_input_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "research-writer"
+    await _run(source)
+    at = _findings_request(source).id
+    with pytest.raises(UsageError, match="no envelope"):
+        fork_team(source, "0" * 30, tmp_path / "a")
+    with pytest.raises(UsageError, match="no team at"):
+        fork_team(tmp_path / "missing", at, tmp_path / "b")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("")
+    with pytest.raises(UsageError, match="not empty"):
+        fork_team(source, at, tmp_path / "busy")
+
+
+def test_the_fork_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import anyio
+
+    source = tmp_path / "research-writer"
+    anyio.run(_run, source)
+    at = _findings_request(source).id
+    assert main(["fork", str(source), "--at", at, str(tmp_path / "f1")]) == 0
+    out = capsys.readouterr().out
+    assert f"at {at}" in out and "open request" in out
+    assert main(["fork", str(source), "--at", at, str(tmp_path / "f2"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["at"] == at
+    assert main(["fork", str(source), "--at", "nope", str(tmp_path / "f3")]) == 2
+    assert "no envelope 'nope'" in capsys.readouterr().err
+
+
+async def test_team_rerun_finds_the_agent_that_diverged(tmp_path: Path) -> None:
+    source = tmp_path / "research-writer"
+    await _run(source)
+    same = await rerun_team(source / "agents", _team())
+    assert [(r.name, r.divergence) for r in same] == [("researcher", None), ("writer", None)]
+    changed = await rerun_team(source / "agents", _team(writer_brain=_terse_writer))
+    by_name = {r.name: r for r in changed}
+    assert by_name["researcher"].divergence is None
+    divergence = by_name["writer"].divergence
+    assert divergence is not None and divergence.step == 1
+    assert "recorded assistant" in str(divergence) and "now assistant" in str(divergence)
