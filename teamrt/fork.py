@@ -19,6 +19,9 @@ again, a tool call in flight runs again with the same call id):
   records it as shown to its model (`handled`), or, for a member without agent files (the lead,
   a person), when the source's committed cursor has it; a record that does not decode is
   handled (it is never delivered);
+- **deadlines**: a request the cut leaves open (no response in it) loses its deadline in the
+  fork, which may run long after the deadline passed (a signed team's keep theirs: the
+  signature covers them); whoever waits for the answer bounds the wait;
 - **what will be sent again**: an agent whose journal at T stops between a model reply and the
   results of its tool calls runs those calls again when it resumes (as after a crash), so what
   it sent after its last journal line kept counts as handled in its recipients' inboxes, and is
@@ -26,8 +29,9 @@ again, a tool call in flight runs again with the same call id):
   the same id) is delivered once, and answered to the call that now waits for it.
 
 Leases, heartbeats and the budget ledger are not copied: the fork is not running. Journal lines
-written by an older teamrt carry no time; they are placed by the envelopes they record (a task's
-start by its request, a step by the newest envelope it took in) or else at the line before.
+written by an older teamrt carry no time: a start is placed at its task's request, a model call
+at its record in the transcript, any other line at the next line that has a time (or, at the
+end, at the file's last change), so such a journal is cut no later than it should be.
 
 Reading goes through the team's `TeamView`, so any store forks (a Redis team forks into a team
 directory, given `agent_dir` for its agents' files); the copy is always a team directory.
@@ -233,7 +237,15 @@ def _fork(
             for r, done, again_ in zip(records, handled, resent, strict=True)
             if done and not again_ and r.envelope
         ]
-        cuts[name] = InboxCut(handled=handled, recent=recent)
+        undated = frozenset(
+            i
+            for i, r in enumerate(records)
+            if r.envelope is not None
+            and r.envelope.kind == "request"
+            and r.envelope.deadline is not None
+            and r.envelope.id not in responded
+        )
+        cuts[name] = InboxCut(handled=handled, recent=recent, undated=undated)
         summaries[name] = InboxFork(len(records), len(inboxes[name]) - len(records), sum(handled))
 
     origin = {"forked_at": at, "cut": cut}
@@ -346,20 +358,40 @@ def _id_time(id_: str) -> float | None:
         return None
 
 
-def _line_time(record: dict[str, Any], before: float, sent: dict[str, float]) -> float:
-    """When a journal line was written: its `ts`, or for a line of an older teamrt, the time
-    of the newest envelope it records, else that of the line before it."""
-    ts = record.get("ts")
-    if isinstance(ts, int | float):
-        return float(ts)
-    ids: list[str] = []
-    if record.get("t") == "start":
-        task_id = (record.get("state") or {}).get("task_id")
-        ids = [task_id] if isinstance(task_id, str) else []
-    elif isinstance(record.get("handled"), list):
-        ids = [i for i in record["handled"] if isinstance(i, str)]
-    times = [t for i in ids if (t := sent.get(i, _id_time(i))) is not None]
-    return max([before, *times])
+def _times(
+    lines: list[tuple[bytes, dict[str, Any]]],
+    sent: dict[str, float],
+    calls: list[float],
+    written: float,
+) -> list[float]:
+    """When each journal line was written: its `ts`. A line of an older teamrt has none: a
+    start is placed at its task's request, a model call at the matching transcript record
+    (`calls`: the times of this journal's calls, when the transcript has them), any other line
+    at the next line that has a time, or at `written` (the file's last change) at the end."""
+    times: list[float | None] = []
+    call_index = 0
+    for _, record in lines:
+        ts = record.get("ts")
+        kind = record.get("t")
+        if kind == "call":
+            call_index += 1
+        if isinstance(ts, int | float):
+            times.append(float(ts))
+        elif kind == "start":
+            task_id = (record.get("state") or {}).get("task_id")
+            at = sent.get(task_id, _id_time(task_id)) if isinstance(task_id, str) else None
+            times.append(at)
+        elif kind == "call" and len(calls) >= call_index:
+            times.append(calls[call_index - 1])
+        else:
+            times.append(None)
+    out: list[float] = []
+    following = written
+    for value in reversed(times):
+        following = value if value is not None else following
+        out.append(following)
+    out.reverse()
+    return out
 
 
 def _read_lines(path: Path) -> list[tuple[bytes, dict[str, Any]]]:
@@ -385,18 +417,28 @@ def _cut_journal(
     if directory is None:
         return None
     journal = Journal(directory / f"{name}.state.jsonl")
-    versions = [("current", journal.path), ("previous", journal.previous_path)]
+    versions = [
+        (which, path, _read_lines(path))
+        for which, path in (("current", journal.path), ("previous", journal.previous_path))
+    ]
+    # the transcript's last calls are the current journal's, and those before, the previous's
+    transcript = [
+        float(r["ts"])
+        for _, r in _read_lines(directory / f"{name}.transcript.jsonl")
+        if isinstance(r.get("ts"), int | float)
+    ]
     oldest: dict[str, Any] | None = None
-    for which, path in versions:
-        lines = _read_lines(path)
+    for which, path, lines in versions:
         if not lines or lines[0][1].get("t") != "start":
             continue
         oldest = lines[0][1]
-        times: list[float] = []
-        before = float("-inf")
-        for _, record in lines:
-            before = _line_time(record, before, sent)
-            times.append(before)
+        mine = sum(1 for _, r in lines if r.get("t") == "call")
+        later = (
+            sum(1 for _, r in versions[0][2] if r.get("t") == "call") if which != "current" else 0
+        )
+        upto = len(transcript) - later
+        calls = transcript[max(0, upto - mine) : upto] if upto >= mine else []
+        times = _times(lines, sent, calls, path.stat().st_mtime)
         if times[0] > cut:
             continue  # this journal began after the cut: the one before held it
         count = next((i for i, t in enumerate(times) if t > cut), len(lines))

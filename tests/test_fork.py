@@ -180,3 +180,81 @@ async def test_team_rerun_finds_the_agent_that_diverged(tmp_path: Path) -> None:
     divergence = by_name["writer"].divergence
     assert divergence is not None and divergence.step == 1
     assert "recorded assistant" in str(divergence) and "now assistant" in str(divergence)
+
+
+async def test_open_requests_lose_their_deadline_in_the_fork(tmp_path: Path) -> None:
+    source = tmp_path / "research-writer"
+    await _run(source)
+    at = _findings_request(source)
+    fork_team(source, at.id, tmp_path / "f")
+    (task,) = [e for e in _envelopes(tmp_path / "f", "researcher") if e.type == "task"]
+    (before,) = [e for e in _envelopes(source, "researcher") if e.type == "task"]
+    assert before.deadline is not None and task.deadline is None
+    assert task.model_copy(update={"deadline": None, "team": "x"}) == before.model_copy(
+        update={"deadline": None, "team": "x"}
+    )
+
+
+async def _run_tasks(directory: Path, count: int) -> list[TaskResult]:
+    async with (
+        FileMailboxes(directory) as mail,
+        Team(mail, _team(), agent_dir=directory / "agents") as team,
+    ):
+        return [await team.ask("researcher", demo.TASK, timeout=30) for _ in range(count)]
+
+
+async def test_a_fork_goes_back_into_the_previous_task_s_journal(tmp_path: Path) -> None:
+    source = tmp_path / "research-writer"
+    results = await _run_tasks(source, 2)
+    tasks = [e for e in _envelopes(source, "researcher") if e.type == "task"]
+    findings = [e for e in _envelopes(source, "writer") if e.sender == "researcher"]
+    assert len(tasks) == len(findings) == 2
+    # at the second task's request the researcher had finished the first: its previous journal
+    summary = fork_team(source, tasks[1].id, tmp_path / "between")
+    researcher = summary.agents["researcher"]
+    assert researcher.journal == "previous" and researcher.dropped == 0
+    assert researcher.task_id == tasks[0].id and not researcher.in_progress
+    assert [r.id for r in summary.open_requests] == [tasks[1].id]
+    answer = await _redrive(tmp_path / "between", _team(), [tasks[1].id])
+    assert TaskResult.model_validate(answer.body).answer == results[1].answer
+    # in the middle of the first task
+    summary = fork_team(source, findings[0].id, tmp_path / "first")
+    assert summary.agents["researcher"].journal == "previous"
+    assert summary.agents["researcher"].in_progress
+    # two tasks on, the first task's journal is gone: refused, saying so
+    await _run_tasks(source, 1)
+    with pytest.raises(UsageError, match="journals begin after the cut"):
+        fork_team(source, findings[0].id, tmp_path / "too-far")
+
+
+async def test_journals_of_an_older_teamrt_are_cut_by_their_transcript(tmp_path: Path) -> None:
+    """Journal lines without `ts` are placed by the transcript's calls and the lines after
+    them, so the cut lands where it does with times."""
+    source = tmp_path / "research-writer"
+    await _run(source)
+    at = _findings_request(source)
+    timed = fork_team(source, at.id, tmp_path / "timed").agents["researcher"]
+    journal = source / "agents" / "researcher.state.jsonl"
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    journal.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "ts" or r["t"]
+                       in ("stop", "crash", "cancel")}) + "\n" for r in lines))  # fmt: skip
+    untimed = fork_team(source, at.id, tmp_path / "untimed").agents["researcher"]
+    assert (untimed.lines, untimed.in_progress) == (timed.lines, True)
+
+
+def test_rerun_team_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import anyio
+
+    source = tmp_path / "research-writer"
+    anyio.run(_run, source)
+    spec = "teamrt.demos.research_writer:teammates"
+    assert main(["rerun", str(source), "--team", "--spec", spec]) == 0
+    out = capsys.readouterr().out
+    assert "researcher: 4 recorded steps, the same again" in out
+    assert "writer: 2 recorded steps, the same again" in out
+    assert main(["rerun", str(source), "--team"]) == 2
+    assert "needs --spec" in capsys.readouterr().err
+    assert (
+        main(["rerun", str(source), "--team", "--spec", "teamrt.demos.research_writer:TASK"]) == 2
+    )
+    assert "not a list of Teammates" in capsys.readouterr().err

@@ -46,6 +46,9 @@ class InboxCut:
 
     handled: Sequence[bool]
     recent: Sequence[str] = ()
+    #: indexes of records whose `deadline` the copy clears (requests left open by the cut,
+    #: whose deadline would pass before the copy runs); refused for a signed record
+    undated: frozenset[int] = frozenset()
 
 
 def export_team(
@@ -104,6 +107,17 @@ def _restamped(raw: bytes, restamp: tuple[bytes, bytes] | None, view: TeamView) 
     return raw if at < 0 else raw[:at] + restamp[1] + raw[at + len(restamp[0]) :]
 
 
+_DEADLINE = re.compile(rb',"deadline":[-+0-9.eE]+,')
+
+
+def _undated(raw: bytes, view: TeamView) -> bytes:
+    """The record with its deadline cleared (the first `deadline` field is the envelope's:
+    it comes before the body)."""
+    if _SIGNED.search(raw):
+        return raw  # a signature covers the deadline: it stays
+    return _DEADLINE.sub(b',"deadline":null,', raw, count=1)
+
+
 def _export_inbox(
     view: TeamView,
     store: FileStore,
@@ -125,6 +139,8 @@ def _export_inbox(
             if limit is not None and len(ends) >= limit:
                 break
             raw = _restamped(entry.raw, restamp, view)
+            if cut is not None and len(ends) in cut.undated:
+                raw = _undated(raw, view)
             if cut is not None:
                 seqs.append(_seq(raw))
             line = raw + b"\n"
