@@ -22,6 +22,9 @@ from teamrt.mail.log import Record, decode_entry
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.rerun import rerun_team
 from teamrt.team import TaskResult, Team, Teammate
+from tests.redis_server import RedisServer, needs_redis, redis_server
+
+__all__ = ["redis_server"]  # the fixture
 
 
 @pytest.fixture(autouse=True)
@@ -258,3 +261,26 @@ def test_rerun_team_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         main(["rerun", str(source), "--team", "--spec", "teamrt.demos.research_writer:TASK"]) == 2
     )
     assert "not a list of Teammates" in capsys.readouterr().err
+
+
+@needs_redis
+async def test_a_team_in_redis_forks_into_a_team_directory(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    from teamrt.mail import open_mailboxes
+
+    url = redis_server.url("research-writer")
+    agents = tmp_path / "agents"
+    async with (
+        open_mailboxes(url) as mail,
+        Team(mail, _team(), agent_dir=agents) as team,
+    ):
+        original = await team.ask("researcher", demo.TASK, timeout=30)
+    with open_view(url) as view:
+        decoded = [decode_entry(e) for e in view.scan("writer")]
+    at = next(d.envelope for d in decoded if isinstance(d, Record) and d.envelope.kind == "request")
+    summary = fork_team(url, at.id, tmp_path / "on-files", agent_dir=agents)
+    assert summary.agents["researcher"].in_progress
+    task = next(r.id for r in summary.open_requests if r.sender == "lead")
+    answer = await _redrive(tmp_path / "on-files", _team(), [task])
+    assert TaskResult.model_validate(answer.body).answer == original.answer
