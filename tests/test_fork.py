@@ -111,6 +111,19 @@ async def test_a_fork_at_a_mid_run_envelope_reruns_to_the_same_end(tmp_path: Pat
     assert summary.inboxes["researcher"].handled < summary.inboxes["researcher"].kept
     assert summary.inboxes["writer"].handled == summary.inboxes["writer"].kept
     assert json.loads((dest / "export.json").read_text())["forked_at"] == at.id
+    # verifiable from the files: every journal line was written by the cut, and each cursor
+    # covers as many records as the summary says were handled
+    for line in (dest / "agents" / "researcher.state.jsonl").read_text().splitlines():
+        assert json.loads(line)["ts"] <= at.ts
+    with open_view(dest) as view:
+        for name, inbox in summary.inboxes.items():
+            cursor = view.committed(name)
+            covered = [
+                e.end <= cursor.position
+                or any((a, b) < e.end <= (c, d) for a, b, c, d in cursor.ahead)
+                for e in view.scan(name)
+            ]
+            assert (len(covered), sum(covered)) == (inbox.kept, inbox.handled), name
 
     answer = await _redrive(dest, _team(), [task.id])
     assert answer.in_reply_to == task.id
