@@ -50,7 +50,7 @@ import anyio
 
 from teamrt.agents.journal import Journal
 from teamrt.agents.state import AgentState
-from teamrt.envelopes import Envelope, Response
+from teamrt.envelopes import Response
 from teamrt.errors import ReceiveTimeout, UsageError
 from teamrt.mail import InboxCut, export_team, open_view
 from teamrt.mail.locator import Locator, describe, is_url
@@ -149,11 +149,26 @@ def vars_of(item: Any) -> dict[str, Any]:
     return {name: getattr(item, name) for name in item.__slots__}
 
 
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """What the cut needs of an envelope (not its body: a big team's inboxes are held as
+    these while the cut is worked out)."""
+
+    id: str
+    kind: str
+    type: str
+    sender: str
+    recipient: str
+    in_reply_to: str | None
+    ts: float
+    deadline: float | None
+
+
 @dataclass(slots=True)
 class _Seen:
     """One record of an inbox, as much of it as the cut needs."""
 
-    envelope: Envelope | None  # None: it does not decode
+    envelope: _Sent | None  # None: it does not decode
     end: Position
 
 
@@ -199,7 +214,7 @@ def _fork(
     cut = sent[at]
     kept = {name: _prefix(records, at, cut) for name, records in inboxes.items()}
     in_cut = [r.envelope for name in members for r in inboxes[name][: kept[name]] if r.envelope]
-    responded = {e.in_reply_to for e in in_cut if isinstance(e, Response)}
+    responded = {e.in_reply_to for e in in_cut if e.kind == "response" and e.in_reply_to}
 
     source_agents = (
         Path(agent_dir)
@@ -276,7 +291,11 @@ def _fork(
 
 def _seen(entry: Entry) -> _Seen:
     decoded = decode_entry(entry)
-    return _Seen(decoded.envelope if isinstance(decoded, Record) else None, entry.end)
+    if not isinstance(decoded, Record):
+        return _Seen(None, entry.end)
+    e = decoded.envelope
+    sent = _Sent(e.id, e.kind, e.type, e.sender, e.recipient, e.in_reply_to, e.ts, e.deadline)
+    return _Seen(sent, entry.end)
 
 
 def _prefix(records: list[_Seen], at: str, cut: float) -> int:
