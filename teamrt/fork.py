@@ -264,6 +264,8 @@ def _fork(
         summaries[name] = InboxFork(len(records), len(inboxes[name]) - len(records), sum(handled))
 
     origin = {"forked_at": at, "cut": cut}
+    if dest.is_dir() and not dest.is_symlink():
+        dest.rmdir()  # empty (checked): the team directory is made afresh, with its own mode
     export_team(view, dest, cuts=cuts, rename=True, origin=origin)
 
     agents: dict[str, AgentFork] = {}

@@ -297,3 +297,12 @@ async def test_a_team_in_redis_forks_into_a_team_directory(
     task = next(r.id for r in summary.open_requests if r.sender == "lead")
     answer = await _redrive(tmp_path / "on-files", _team(), [task])
     assert TaskResult.model_validate(answer.body).answer == original.answer
+
+
+async def test_an_empty_directory_can_take_a_fork(tmp_path: Path) -> None:
+    source = tmp_path / "research-writer"
+    await _run(source)
+    (tmp_path / "empty").mkdir()
+    summary = fork_team(source, _findings_request(source).id, tmp_path / "empty")
+    assert summary.inboxes["writer"].kept == 1
+    assert (tmp_path / "empty" / "team.json").is_file()

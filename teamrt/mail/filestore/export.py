@@ -66,8 +66,8 @@ def export_team(
     gives. With `rename`, the copy's team is `dest`'s name even if the source's differs (the
     lines are restamped; refused for a signed team). `origin` is recorded in `export.json`
     beside where the copy came from."""
-    if os.path.lexists(dest) and not (dest.is_dir() and not any(dest.iterdir())):
-        raise UsageError(f"{dest} exists and is not empty: name a new directory")
+    if os.path.lexists(dest):
+        raise UsageError(f"{dest} exists: export writes a new team directory")
     if view.team != dest.name and not rename:
         raise UsageError(
             f"the team is called {view.team!r}: name the new directory after it "
