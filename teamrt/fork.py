@@ -113,9 +113,9 @@ class ForkSummary:
             "dest": str(self.dest),
             "at": self.at,
             "cut": self.cut,
-            "inboxes": {n: vars_of(i) for n, i in self.inboxes.items()},
-            "agents": {n: vars_of(a) for n, a in self.agents.items()},
-            "open_requests": [vars_of(r) for r in self.open_requests],
+            "inboxes": {n: _fields(i) for n, i in self.inboxes.items()},
+            "agents": {n: _fields(a) for n, a in self.agents.items()},
+            "open_requests": [_fields(r) for r in self.open_requests],
         }
 
     def lines(self) -> list[str]:
@@ -145,7 +145,7 @@ class ForkSummary:
         return out
 
 
-def vars_of(item: Any) -> dict[str, Any]:
+def _fields(item: Any) -> dict[str, Any]:
     return {name: getattr(item, name) for name in item.__slots__}
 
 

@@ -20,16 +20,21 @@ DESCRIPTION = (
 )
 
 
-def add_command(commands: Any, team_help: str) -> None:
+def add_command(commands: Any) -> None:
     """Register `fork` on the `teamrt` parser's subcommands."""
     fork = commands.add_parser("fork", help=HELP, description=DESCRIPTION)
-    fork.add_argument("source", help=team_help)
+    fork.add_argument(
+        "source",
+        help="the team: a directory (e.g. mailboxes/demo) or a store URL "
+        "(redis://HOST:PORT/DB?team=NAME)",
+    )
     fork.add_argument("dest", help="the new team directory (must not exist, or be empty)")
     fork.add_argument(
         "--at", required=True, metavar="ENVELOPE_ID", help="the envelope to fork at (its id)"
     )
     fork.add_argument(
         "--agent-dir",
+        metavar="PATH",
         help="where the team's agents' journals and transcripts are (default: the team "
         "directory's agents/; for a team in a store URL, where run-agent --agent-dir put them)",
     )

@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rerun.set_defaults(run=cmd.rerun)
 
-    fork_command.add_command(commands, TEAM_HELP)
+    fork_command.add_command(commands)
 
     bench = commands.add_parser(
         "bench",
