@@ -306,3 +306,22 @@ async def test_an_empty_directory_can_take_a_fork(tmp_path: Path) -> None:
     summary = fork_team(source, _findings_request(source).id, tmp_path / "empty")
     assert summary.inboxes["writer"].kept == 1
     assert (tmp_path / "empty" / "team.json").is_file()
+
+
+async def test_a_fork_at_an_answer_the_requester_had_not_taken_in(tmp_path: Path) -> None:
+    """At the writer's answer the researcher still waited in its request tool: the fork runs
+    that call again, with the same request id, and the writer, whose journal holds the
+    finished task, answers it from there without asking its model again."""
+    source = tmp_path / "research-writer"
+    original = await _run(source)
+    answer_ = next(e for e in _envelopes(source, "researcher") if e.type == "task_result")
+    dest = tmp_path / "at-answer"
+    summary = fork_team(source, answer_.id, dest)
+    writer = summary.agents["writer"]
+    assert writer.journal == "current" and not writer.in_progress and writer.calls == 2
+    assert summary.agents["researcher"].in_progress
+    task = next(r.id for r in summary.open_requests if r.sender == "lead")
+    answer = await _redrive(dest, _team(), [task])
+    assert TaskResult.model_validate(answer.body).answer == original.answer
+    transcript = (dest / "agents" / "writer.transcript.jsonl").read_text().splitlines()
+    assert len(transcript) == 2  # the writer's model was not asked again
