@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,7 @@ import anyio
 from teamrt.agents.journal import Journal
 from teamrt.agents.state import AgentState
 from teamrt.envelopes import Response
-from teamrt.errors import ReceiveTimeout, UsageError
+from teamrt.errors import ReceiveTimeout, StoreError, UsageError
 from teamrt.mail import InboxCut, export_team, open_view
 from teamrt.mail.locator import Locator, describe, is_url
 from teamrt.mail.log import Cursor, Entry, Position, Record, decode_entry
@@ -193,7 +194,12 @@ def fork_team(
         raise UsageError(f"{destination} exists and is not empty: fork into a new directory")
     validate_name(destination.name, what="team name (the new directory's name)")
     with open_view(source) as view:
-        return _fork(view, at, destination, agent_dir)
+        try:
+            return _fork(view, at, destination, agent_dir)
+        except BaseException:
+            if (destination / "team.json").exists():  # ours, half written: not a fork
+                shutil.rmtree(destination, ignore_errors=True)
+            raise
 
 
 def _fork(
@@ -221,7 +227,10 @@ def _fork(
         if agent_dir is not None
         else (view.directory / "agents" if view.directory is not None else None)
     )
-    journals = {name: _cut_journal(source_agents, name, cut, sent) for name in members}
+    try:
+        journals = {name: _cut_journal(source_agents, name, cut, sent) for name in members}
+    except OSError as exc:
+        raise StoreError(exc.errno or 0, f"read the agents' files: {exc}") from None
 
     # an agent stopped between a reply and the results of its tool calls runs those calls
     # again when it resumes: what they had sent is sent again, so the first copy is not
@@ -268,6 +277,31 @@ def _fork(
         dest.rmdir()  # empty (checked): the team directory is made afresh, with its own mode
     export_team(view, dest, cuts=cuts, rename=True, origin=origin)
 
+    try:
+        agents = _fork_agents(source_agents, dest, members, journals, cut)
+    except OSError as exc:
+        raise StoreError(
+            exc.errno or 0, f"fork the agents' files into {dest}: {exc.strerror}"
+        ) from None
+
+    open_requests = tuple(
+        OpenRequest(e.id, e.sender, e.recipient, e.type)
+        for e in in_cut
+        if e.kind == "request" and e.id not in responded
+    )
+    return ForkSummary(
+        describe(view.locator), dest, at, cut, summaries, agents, _unique(open_requests)
+    )
+
+
+def _fork_agents(
+    source_agents: Path | None,
+    dest: Path,
+    members: tuple[str, ...],
+    journals: dict[str, _JournalCut | None],
+    cut: float,
+) -> dict[str, AgentFork]:
+    """Write each agent's journal and transcript as they were at `cut` into `dest`/agents."""
     agents: dict[str, AgentFork] = {}
     if source_agents is not None:
         target = dest / "agents"
@@ -280,15 +314,7 @@ def _fork(
                     agents[name] = AgentFork(None, 0, 0, None, False, 0)
                 continue
             agents[name] = _write_journal(source_agents, target, name, journal, calls)
-
-    open_requests = tuple(
-        OpenRequest(e.id, e.sender, e.recipient, e.type)
-        for e in in_cut
-        if e.kind == "request" and e.id not in responded
-    )
-    return ForkSummary(
-        describe(view.locator), dest, at, cut, summaries, agents, _unique(open_requests)
-    )
+    return agents
 
 
 def _seen(entry: Entry) -> _Seen:

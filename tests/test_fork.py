@@ -15,7 +15,7 @@ from teamrt.agents.journal import Journal
 from teamrt.cli.main import main
 from teamrt.demos import research_writer as demo
 from teamrt.envelopes import Envelope, Request, Response
-from teamrt.errors import UsageError
+from teamrt.errors import StoreError, UsageError
 from teamrt.fork import fork_team, wait_for_answers
 from teamrt.mail import open_view
 from teamrt.mail.log import Record, decode_entry
@@ -325,3 +325,20 @@ async def test_a_fork_at_an_answer_the_requester_had_not_taken_in(tmp_path: Path
     assert TaskResult.model_validate(answer.body).answer == original.answer
     transcript = (dest / "agents" / "writer.transcript.jsonl").read_text().splitlines()
     assert len(transcript) == 2  # the writer's model was not asked again
+
+
+async def test_a_fork_that_fails_half_way_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import teamrt.fork
+
+    source = tmp_path / "research-writer"
+    await _run(source)
+
+    def broken(*args: object, **kwargs: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(teamrt.fork, "_cut_transcript", broken)
+    with pytest.raises(StoreError, match="No space left"):
+        fork_team(source, _findings_request(source).id, tmp_path / "half")
+    assert not (tmp_path / "half").exists()
