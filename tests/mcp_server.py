@@ -4,8 +4,8 @@
     python tests/mcp_server.py --http PORT [--token T]   # streamable HTTP on 127.0.0.1:PORT/mcp
 
 Its tools add numbers, greet, fail on purpose, sleep, report the server's pid and how many
-calls it has served, and exit the process mid-call. With `--token`, an HTTP request without
-`Authorization: Bearer T` is refused (401).
+calls it has served, echo the call id teamrt sends, and exit the process mid-call. With
+`--token`, an HTTP request without `Authorization: Bearer T` is refused (401).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer(
@@ -44,6 +44,13 @@ def greet(name: str, excited: bool = False) -> str:
 def stats() -> dict[str, int]:
     """The server's pid and how many add and greet calls it has served."""
     return {"pid": os.getpid(), "served": served}
+
+
+@server.tool()
+def call_id(ctx: Context) -> str:
+    """The teamrt call id the client sent in the request's _meta (empty if none)."""
+    meta = ctx.request_context.meta or {}
+    return str(meta.get("teamrt/call_id", ""))
 
 
 @server.tool(structured_output=False)

@@ -110,6 +110,7 @@ async def test_stdio_tools_are_called_like_local_ones(tmp_path: Path) -> None:
             call("greet", name="Ada", excited=True),
             call("double", n=4),
             call("dotted_name"),
+            call("call_id"),
             "all done",
         ]
     )
@@ -117,7 +118,7 @@ async def test_stdio_tools_are_called_like_local_ones(tmp_path: Path) -> None:
         async with stdio(deny=["die"]).connect() as arith:
             assert arith.instructions == "Arithmetic, greetings and faults, for tests."
             names = [t.name for t in arith.tools]
-            assert names == ["add", "greet", "stats", "explode", "dotted_name", "nap"]
+            assert names == ["add", "greet", "stats", "call_id", "explode", "dotted_name", "nap"]
             add = arith.tools[0]
             assert add.spec.description == "Add two integers."
             assert add.spec.parameters["required"] == ["a", "b"]
@@ -125,8 +126,11 @@ async def test_stdio_tools_are_called_like_local_ones(tmp_path: Path) -> None:
             agent = Agent("clerk", model, tools=[double, *arith.tools], directory=tmp_path)
             report = await agent.run("compute")
             assert agent.state is not None
-            assert results(agent.state.messages) == ["5", "hello Ada!", "8", "dotted"]
-    assert (report.answer, report.tool_calls, report.tool_errors) == ("all done", 4, 0)
+            *answers, call_id = results(agent.state.messages)
+            assert answers == ["5", "hello Ada!", "8", "dotted"]
+            sent = [c.id for m in agent.state.messages for c in m.tool_calls or ()]
+            assert call_id == sent[-1]  # current_call_id(), an idempotency key for the server
+    assert (report.answer, report.tool_calls, report.tool_errors) == ("all done", 5, 0)
     assert arith.gone == "the connection was closed"
     # the transcript and the journal record MCP calls like local ones
     lines = (tmp_path / "clerk.transcript.jsonl").read_text().splitlines()
@@ -238,6 +242,9 @@ async def test_names_prefix_allow_and_deny() -> None:
             agent = Agent("clerk", model, tools=arith.tools)
             assert (await agent.run("add")).answer == "42"
             assert agent.state is not None and results(agent.state.messages) == ["42"]
+        with pytest.raises(KeyError):  # what the block raises comes out as it is
+            async with stdio().connect():
+                raise KeyError("mine")
         with pytest.raises(UsageError, match="has no tool named subtract"):
             async with stdio(allow=["add", "subtract"]).connect():
                 pass
@@ -245,6 +252,7 @@ async def test_names_prefix_allow_and_deny() -> None:
         stdio(prefix="my tools")
     with pytest.raises(UsageError, match="not an http"):
         MCPTools.http("localhost:8000/mcp")
+    assert MCPTools.http("https://me:pw@example.com/mcp").label == "https://example.com/mcp"
 
 
 # -- streamable HTTP --
@@ -261,7 +269,7 @@ async def test_http_tools_with_headers_and_a_tool_error(http_server: HTTPServer)
         async with server.connect() as web:
             agent = Agent("clerk", model, tools=web.tools)
             report = await agent.run("compute")
-        with pytest.raises(MCPServerError, match="MCP server 'web' could not be started"):
+        with pytest.raises(MCPServerError, match="MCP server 'web' could not be reached"):
             async with MCPTools.http(http_server.url, name="web").connect():  # no token: 401
                 pass
     assert agent.state is not None
@@ -290,6 +298,30 @@ async def test_an_http_server_that_dies_mid_call_is_an_error_not_a_hang(
     assert die.startswith("ServerGone: MCP server 'web' is gone (")
     assert add == die  # told at once: no second wait
     assert (report.stop.reason, report.answer) == ("answer", "no server")
+
+
+async def test_a_teammate_whose_server_dies_goes_on_working(http_server: HTTPServer) -> None:
+    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+        task = next(m.content for m in reversed(messages) if m.role == "user")
+        if messages[-1].role == "user":
+            return call("die") if task == "die" else call("add", a=2, b=2)
+        return f"{task}: {messages[-1].content}"
+
+    server = MCPTools.http(
+        http_server.url, headers={"Authorization": f"Bearer {http_server.token}"}, name="web"
+    )
+    async with MemoryMailboxes() as mail:
+        member = Teammate("calc", FunctionModel(brain), mcp=[server])
+        with anyio.fail_after(30):
+            async with Team(mail, [member]) as team:
+                assert (await team.ask("calc", "add", timeout=20)).answer == "add: 4"
+                died = (await team.ask("calc", "die", timeout=20)).answer or ""
+                assert "ServerGone: MCP server 'web' is gone" in died
+                after = (await team.ask("calc", "add", timeout=20)).answer or ""
+                assert "ServerGone" in after  # told at once, and the teammate still answers
+                assert team.status["calc"].state == "idle"
+                assert team.status["calc"].restarts == 0
+        assert http_server.process.wait(timeout=10) == 3
 
 
 # -- teammates --
@@ -391,15 +423,26 @@ async def test_a_tool_name_taken_twice_is_a_crash_at_the_start() -> None:
     assert last.startswith("crashed: UsageError: calc: tool 'add' of MCP server 'arith' has the")
 
 
-def test_importing_teamrt_does_not_import_the_mcp_sdk() -> None:
+def test_the_mcp_sdk_is_imported_only_to_connect_and_its_absence_is_explained() -> None:
     code = (
         "import sys\n"
-        "import teamrt, teamrt.agents, teamrt.team\n"
+        "import anyio, teamrt, teamrt.agents, teamrt.team\n"
         "from teamrt.agents import MCPTools\n"
-        "MCPTools.stdio('server')\n"
+        "server = MCPTools.stdio('server', name='files')\n"
         "print(sorted(m for m in ('mcp', 'mcp_types', 'jsonschema') if m in sys.modules))\n"
+        "sys.modules['mcp'] = None  # as if teamrt[mcp] were not installed\n"
+        "async def connect() -> None:\n"
+        "    async with server.connect():\n"
+        "        pass\n"
+        "try:\n"
+        "    anyio.run(connect)\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
-    assert done.stdout.strip() == "[]"
+    assert done.stdout.splitlines() == [
+        "[]",
+        "UsageError MCP server 'files': MCP tools need the mcp package (pip install 'teamrt[mcp]')",
+    ]

@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
+from urllib.parse import urlsplit
 
 import anyio
 from anyio.abc import TaskStatus
 from pydantic import BaseModel
 
-from teamrt.agents.tools import DEFAULT_MAX_OUTPUT, Tool, ToolResult, _error
+from teamrt.agents.tools import DEFAULT_MAX_OUTPUT, Tool, ToolResult, _error, current_call_id
 from teamrt.errors import MCPServerError, UsageError
 from teamrt.models.base import ToolSpec
 
@@ -59,6 +60,9 @@ DEFAULT_START_TIMEOUT = 30.0  # seconds to start or reach a server and list its 
 _TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")  # what model APIs accept in a tool name
 _MAX_NAME = 64
 _MAX_PAGES = 100  # tools/list pages read at most
+#: The `_meta` key of a call's `current_call_id()`: the same when a resumed run repeats a call
+#: that was in flight at a crash, so a server can use it as an idempotency key.
+CALL_ID_META = "teamrt/call_id"
 
 
 class ToolError(Exception):
@@ -188,7 +192,8 @@ class MCPTools:
         if self.name:
             return self.name
         if self.transport == "http":
-            return self.target
+            url = urlsplit(self.target)  # without a user and password it may carry
+            return url._replace(netloc=url.netloc.rpartition("@")[2]).geturl()
         line = " ".join([Path(self.target).name, *self.args])
         return line if len(line) <= 60 else line[:57] + "..."
 
@@ -197,6 +202,14 @@ class MCPTools:
         """Start or reach the server, list its tools, and yield the live connection; leaving
         the block closes it. Raises `MCPServerError` if the server cannot be started, reached
         or listed within `start_timeout`, and `UsageError` for an `allow` name it lacks."""
+        try:
+            import jsonschema  # noqa: F401
+            import mcp  # noqa: F401
+        except ImportError as exc:
+            raise UsageError(
+                f"MCP server {self.label!r}: MCP tools need the mcp package "
+                "(pip install 'teamrt[mcp]')"
+            ) from exc
         connection = MCPConnection(self)
         try:
             async with anyio.create_task_group() as tasks:
@@ -328,7 +341,8 @@ class MCPConnection:
                     leaf
                     if isinstance(leaf, UsageError)
                     else MCPServerError(
-                        f"MCP server {self.spec.label!r} could not be started or listed: {reason}"
+                        f"MCP server {self.spec.label!r} could not be "
+                        f"{'started' if self.spec.transport == 'stdio' else 'reached'}: {reason}"
                     )
                 )
                 self._failed.__cause__ = exc
@@ -449,8 +463,10 @@ class MCPConnection:
         with anyio.CancelScope() as scope:
             self._calls.add(scope)
             try:
+                call_id = current_call_id()  # for a server that keeps calls idempotent
+                meta: Any = {CALL_ID_META: call_id} if call_id is not None else None
                 with anyio.move_on_after(spec.timeout):
-                    result = await client.call_tool(tool, arguments)
+                    result = await client.call_tool(tool, arguments, meta=meta)
             except MCPError as exc:
                 if exc.code == CONNECTION_CLOSED:
                     self._lose(exc.message)
