@@ -19,13 +19,14 @@ import anyio
 import pytest
 
 from teamrt import MemoryMailboxes, RemoteError
-from teamrt.agents import Agent, MCPTools, tool
+from teamrt.agents import Agent, Limits, MCPTools, Toolbox, tool
 from teamrt.errors import MCPServerError, TeammateGone, UsageError
 from teamrt.models import (
     ChatMessage,
     FunctionModel,
     ModelReply,
     ScriptedModel,
+    ToolCall,
     ToolSpec,
     call,
 )
@@ -153,6 +154,13 @@ async def test_tool_errors_and_bad_arguments_are_data_for_the_model() -> None:
         async with stdio().connect() as arith:
             agent = Agent("clerk", model, tools=arith.tools)
             report = await agent.run("try things")
+            # the limits hold for MCP tools like for local ones
+            again = ScriptedModel([call("add", a=1, b=1), call("add", a=2, b=2), "never"])
+            limited = Agent("clerk", again, tools=arith.tools, limits=Limits(max_tool_calls=1))
+            stopped = await limited.run("add twice")
+            assert (stopped.stop.limit, stopped.tool_calls) == ("max_tool_calls", 1)
+            served = await Toolbox(arith.tools).run(ToolCall(id="c", name="stats", arguments=""))
+            assert json.loads(served.content)["served"] == 1  # the second add was not sent
     assert agent.state is not None
     explode, add, stats, nope = results(agent.state.messages)
     assert json.loads(explode) == {
