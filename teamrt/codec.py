@@ -54,6 +54,7 @@ from teamrt.envelopes import (
     Request,
     Response,
     _payloads,
+    check_finite,
     payload_model,
 )
 from teamrt.names import NAME_PATTERN
@@ -119,6 +120,13 @@ def encode_with_pydantic(envelope: Envelope) -> bytes:
     return data[data.index(b'"v":') :]
 
 
+def _by_serializer(envelope: Envelope, finite: bool) -> bytes:
+    encoded = encode_with_pydantic(envelope)
+    if finite:
+        check_finite(envelope, encoded)
+    return encoded
+
+
 def _plain_and_finite(container: dict[str, Any] | list[Any] | tuple[Any, ...]) -> bool:
     """True if `container` holds only JSON data (dicts, lists, tuples, str, int, bool, None) and
     finite floats: then orjson's `null`s in it stand for None, never for NaN or Infinity."""
@@ -137,9 +145,13 @@ def _plain_and_finite(container: dict[str, Any] | list[Any] | tuple[Any, ...]) -
     return True
 
 
-def encode(envelope: Envelope) -> bytes:
+def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
     """The envelope's fields after `seq` and `team` (which `log.stamp` fills in), as compact JSON
-    without the opening brace and without a newline: byte for byte what pydantic writes."""
+    without the opening brace and without a newline: byte for byte what pydantic writes.
+
+    `finite=True` refuses an envelope holding NaN or Infinity (`InvalidEnvelope`, as
+    `check_finite`), which the orjson path has ruled out already: only pydantic's output is
+    searched."""
     # pydantic keeps the fields in `__dict__` in their declared order (validation, model_copy
     # and model_construct all do); a 15th key is something model_copy was given: not ours to write
     fields = envelope.__dict__
@@ -155,7 +167,7 @@ def encode(envelope: Envelope) -> bytes:
             try:
                 data = _dumps(fields, default=_refuse, option=_OPTIONS)
             except orjson.JSONEncodeError:
-                return encode_with_pydantic(envelope)
+                return _by_serializer(envelope, finite)
             body = fields["body"]
             kind = type(body)
             if kind is dict or kind is list or kind is tuple:
@@ -165,14 +177,14 @@ def encode(envelope: Envelope) -> bytes:
                 if (
                     len(data) <= _WALK_BELOW or data.find(b"null", data.find(b',"body":')) >= 0
                 ) and not _plain_and_finite(body):
-                    return encode_with_pydantic(envelope)
+                    return _by_serializer(envelope, finite)
             elif kind is float and not -_INF < body < _INF:
-                return encode_with_pydantic(envelope)
+                return _by_serializer(envelope, finite)
             # seq and team come first, and a '"v":' can only be a key
             if data.startswith(b'{"seq":null,"team":null,'):
                 return data[24:]
             return data[data.index(b'"v":') :]
-    return encode_with_pydantic(envelope)
+    return _by_serializer(envelope, finite)
 
 
 # --- decoding ---------------------------------------------------------------------------------

@@ -71,13 +71,18 @@ def stamp(encoded: bytes, seq: int, team: bytes) -> bytes:
 
 
 def stamp_many(encoded: Sequence[bytes], first_seq: int, team: bytes) -> bytes:
-    """Consecutive stamped lines for a batch, as one buffer for one write."""
-    return b"".join(
-        [
-            b'{"seq":%d,"team":"%b",%b\n' % (first_seq + i, team, item)
-            for i, item in enumerate(encoded)
-        ]
-    )
+    """Consecutive stamped lines for a batch, as one buffer for one write (each line's head
+    written with the newline that ends the line before it: one format per line)."""
+    if not encoded:
+        return b""
+    between = b'\n{"seq":%d,"team":"' + team + b'",'
+    parts = [b'{"seq":%d,"team":"%b",' % (first_seq, team)]
+    append = parts.append
+    for seq, item in enumerate(encoded, first_seq + 1):
+        append(item)
+        append(between % seq)
+    parts[-1] = b"\n"
+    return b"".join(parts)
 
 
 # --- decoding ---------------------------------------------------------------------------------
