@@ -496,3 +496,26 @@ def test_the_page_escapes_what_the_cases_hold(tmp_path: Path) -> None:
         write_html(report, out)
     html = page.read_text()
     assert "<script" not in html and "&lt;script&gt;" in html
+
+
+def test_the_readme_cases_are_accepted_and_its_command_check_works(tmp_path: Path) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    rest = readme[readme.index("## Evals") :]
+    block = rest[rest.index("```json\n") + 8 : rest.index("\n```", rest.index("```json\n"))]
+    cases = load_cases(_write_text(tmp_path / "cases.jsonl", block + "\n"))
+    assert [c.id for c in cases] == ["capital", "person", "tested", "tone"]
+    assert {k.kind for c in cases for k in c.checks} == {
+        "contains", "not_contains", "json_schema", "command", "judge",
+    }  # fmt: skip
+    tested = cases[2]
+
+    async def check(answer: str) -> bool:
+        return (await run_check(tested.checks[0], answer, tested)).passed
+
+    assert anyio.run(check, "def add(a, b):\n    return a + b\n")
+    assert not anyio.run(check, "def add(a, b):\n    return a - b\n")
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
