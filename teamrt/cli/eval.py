@@ -70,7 +70,10 @@ def add_eval_command(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "cases", nargs="?", help="a JSONL file of cases, or a directory of *.json / *.jsonl files"
+        "cases",
+        nargs="?",
+        metavar="CASES",
+        help="a JSONL file of cases, or a directory of *.json / *.jsonl files",
     )
     parser.add_argument(
         "--target",
@@ -80,6 +83,7 @@ def add_eval_command(commands: Any) -> None:
     )
     parser.add_argument(
         "--member",
+        metavar="NAME",
         help="for a team: the member asked when a case names none (default: the first "
         "teammate); with --from-run, only the tasks given to this member",
     )
@@ -107,8 +111,8 @@ def add_eval_command(commands: Any) -> None:
     parser.add_argument(
         "--runs",
         metavar="DIR",
-        help="for a team: keep each case's team directory as DIR/<case id>, to replay it "
-        "(default: a scratch directory, removed)",
+        help="for a team: keep each case's team directory as DIR/<case id> (replaced if it "
+        "is there), to replay it (default: a scratch directory, removed)",
     )
     parser.add_argument(
         "--json", metavar="FILE", help="also write the report (or comparison) as JSON"
