@@ -48,6 +48,7 @@ class CheckResult(BaseModel):
     passed: bool
     detail: str = ""  # why it failed (or the judge's reason)
     note: str | None = None  # the check's own note, e.g. that it was derived from a recording
+    tokens: int = 0  # a judge's: the tokens its verdict took
 
 
 def _quote(text: str) -> str:
@@ -238,7 +239,7 @@ def parse_verdict(arguments: str) -> Verdict:
 
 async def _judge_check(
     check: Judge, answer: str, case: Case, judge: Model | None
-) -> tuple[bool, str]:
+) -> tuple[bool, str, int]:
     if judge is None:
         raise UsageError(
             f"case {case.id} has a judge check: name the judge model with --judge "
@@ -248,31 +249,38 @@ async def _judge_check(
         with anyio.fail_after(JUDGE_TIMEOUT):
             reply = await judge.complete(judge_messages(case, answer, check.rubric), [VERDICT_TOOL])
     except TimeoutError:
-        return False, f"the judge gave no verdict within {JUDGE_TIMEOUT:g}s"
+        return False, f"the judge gave no verdict within {JUDGE_TIMEOUT:g}s", 0
     except TeamrtError as exc:
-        return False, f"the judge failed: {exc}"
+        return False, f"the judge failed: {exc}", 0
+    tokens = reply.usage.total_tokens
     said = next((c.arguments for c in reply.tool_calls if c.name == "verdict"), reply.text or "")
     try:
         verdict = parse_verdict(said)
     except ValueError as exc:
-        return False, f"the judge's reply is not a verdict ({exc}): {_quote(said)}"
-    return verdict.verdict == "pass", verdict.reason
+        return False, f"the judge's reply is not a verdict ({exc}): {_quote(said)}", tokens
+    return verdict.verdict == "pass", verdict.reason, tokens
 
 
 async def run_check(
     check: AnyCheck, answer: str, case: Case, judge: Model | None = None
 ) -> CheckResult:
     """Run one check on `answer` (the answer `case` got)."""
+    tokens = 0
     if isinstance(check, JsonSchema):
         passed, detail = _schema_check(check, answer)
     elif isinstance(check, Command):
         passed, detail = await _command_check(check, answer, case)
     elif isinstance(check, Judge):
-        passed, detail = await _judge_check(check, answer, case, judge)
+        passed, detail, tokens = await _judge_check(check, answer, case, judge)
     else:
         passed, detail = _text_check(check, answer)
     return CheckResult(
-        kind=check.kind, check=check.describe(), passed=passed, detail=detail, note=check.note
+        kind=check.kind,
+        check=check.describe(),
+        passed=passed,
+        detail=detail,
+        note=check.note,
+        tokens=tokens,
     )
 
 

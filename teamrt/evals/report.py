@@ -31,10 +31,11 @@ def _figures(case: CaseResult) -> str:
 def headline(report: EvalReport) -> str:
     """One line: how many cases passed, the score, the spend."""
     errors = f" ({report.errors} errors)" if report.errors else ""
+    judged = f" (the judge: {report.judge_tokens} tokens)" if report.judge_tokens else ""
     return (
         f"{report.passed}/{len(report.cases)} cases passed, {report.failed} failed{errors}; "
         f"score {report.score:.2f}; {report.tokens} tokens, {_cost(report.cost)}, "
-        f"{report.duration:.2f}s"
+        f"{report.duration:.2f}s{judged}"
     )
 
 

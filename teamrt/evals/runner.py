@@ -84,6 +84,11 @@ class EvalReport(BaseModel):
         return sum(c.tokens for c in self.cases)
 
     @property
+    def judge_tokens(self) -> int:
+        """Tokens the judge's verdicts took (not in `tokens`, which are the target's)."""
+        return sum(check.tokens for case in self.cases for check in case.checks)
+
+    @property
     def cost(self) -> float | None:
         """The cases' total cost in USD; None if any case's is unknown."""
         costs = [c.cost for c in self.cases]
@@ -99,6 +104,7 @@ class EvalReport(BaseModel):
             "score": round(self.score, 4),
             "tokens": self.tokens,
             "cost": self.cost,
+            "judge_tokens": self.judge_tokens,
         }
 
     def to_json(self) -> str:
