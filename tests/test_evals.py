@@ -28,7 +28,8 @@ from teamrt.evals import (
     write_html,
 )
 from teamrt.evals.checks import parse_verdict
-from teamrt.models import ScriptedModel, call
+from teamrt.models import FunctionModel, ScriptedModel, call
+from teamrt.team import Teammate
 from tests import eval_targets
 
 CASES = [
@@ -146,6 +147,11 @@ async def test_a_team_target_asks_the_member_a_case_names(tmp_path: Path) -> Non
     assert [(c.member, c.input, c.checks[0].kind) for c in again.cases] == [
         ("shouter", "hello", "equals")
     ]
+    pool = make_target(
+        lambda: [Teammate("pool", FunctionModel(lambda m, t: "hi"), replicas=2)], "p"
+    )
+    replica = _case({"kind": "equals", "text": "hi"}, member="pool-2")
+    assert (await run_eval([replica], pool)).passed == 1  # a replica, asked by its name
     wrong = make_target(eval_targets.team, "team", member="nobody")
     with pytest.raises(UsageError, match="no teammate named 'nobody'"):
         await run_eval(cases[:1], wrong)

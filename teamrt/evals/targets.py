@@ -131,7 +131,10 @@ class TeamTarget:
         if not teammates:
             raise UsageError(f"{self.name} has no teammates")
         asked = case.member or self.member or teammates[0].name
-        names = [t.name for t in teammates]
+        names = [t.name for t in teammates]  # a pool's replicas may be asked by name too
+        names += [
+            f"{t.name}-{i}" for t in teammates if t.replicas > 1 for i in range(1, t.replicas + 1)
+        ]
         if asked not in names:
             raise UsageError(f"no teammate named {asked!r} (the team has {', '.join(names)})")
         if self.runs is not None:
