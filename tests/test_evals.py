@@ -322,6 +322,12 @@ def test_comparing_two_runs_case_by_case(
     assert lines[1].split()[:5] == ["fixed", "germany", "0.50", "->", "1.00"]
     assert lines[2].split()[:2] == ["unchanged", "france"]
     saved = json.loads(changes.read_text())
+    assert saved["regressed"] is True
+    assert {c["id"]: c["delta"] for c in saved["cases"]} == {
+        "france": 0,
+        "sum": -0.5,
+        "germany": 0.5,
+    }
     assert {c["id"]: c["change"] for c in saved["cases"]} == {
         "france": "unchanged", "sum": "broke", "germany": "fixed",
     }  # fmt: skip

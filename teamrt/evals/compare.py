@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from teamrt.evals.runner import CaseResult, EvalReport
 
@@ -28,6 +28,7 @@ class CaseChange(BaseModel):
     after_status: str | None = None
     why: str = ""  # for a case that now fails: its first failed check or its error
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def delta(self) -> float | None:
         if self.before is None or self.after is None:
@@ -47,6 +48,7 @@ class Comparison(BaseModel):
     def count(self, change: Change) -> int:
         return sum(1 for c in self.cases if c.change == change)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def regressed(self) -> bool:
         """A case broke, or a case's score went down."""
