@@ -11,6 +11,7 @@ from typing import Any, Literal
 import anyio
 
 from teamrt.agents.limits import Limits
+from teamrt.agents.mcp_tools import MCPTools
 from teamrt.agents.memory import Memory
 from teamrt.agents.tools import Tool
 from teamrt.errors import LimitExceeded, UsageError
@@ -66,6 +67,10 @@ class Teammate:
       this teammate's own tools, which returns only its conclusion.
     - Tools named in `needs_approval` refuse to run until the teammate has sent a plan with
       `submit_plan` and the lead approved it (a real gate, in the tool wrapper).
+    - `mcp`: MCP servers (`MCPTools.stdio(...)`, `MCPTools.http(...)`) whose tools the teammate
+      gets beside its own: connected when an incarnation starts (one that cannot connect
+      crashes, and its restart policy applies), closed when it ends, so a restarted teammate
+      gets a fresh server process. `needs_approval` names them as the model sees them.
     """
 
     name: str
@@ -84,6 +89,7 @@ class Teammate:
     delegate: bool = False
     prices: dict[str, tuple[float, float]] | None = None
     stream: bool = False
+    mcp: Sequence[MCPTools] = ()
 
     def __post_init__(self) -> None:
         if self.context not in ("persistent", "per_task"):
