@@ -6,8 +6,9 @@ teamrt's file store, and nothing else:
 - send: take the recipient's lock (`flock`, teamrt's lock), write one JSON line to the inbox
   opened with O_APPEND, unlock. Descriptors are held open, as teamrt's appenders hold theirs.
 - receive: wait for inotify (`inotify_init1` / `inotify_add_watch` through ctypes on libc, IN_MODIFY
-  on the inbox file) on the event loop, drain the events, read the new bytes from the last offset,
-  split the complete lines and parse each with `json.loads`.
+  on the inbox file; one reader callback on the event loop, registered once, drains the events),
+  read the new bytes from the last offset, split the complete lines and parse each with
+  `json.loads`.
 
 What it leaves out, and teamrt does: envelope validation and ids (here a counter), timestamps, the
 `seq` stamp and its recovery, the fstat for rotation under the lock, the cursor commit of an ack
@@ -56,6 +57,9 @@ class RawMailbox:
         self._pending: list[dict[str, Any]] = []
         self._partial = b""
         self._offset = 0
+        self._changed = False  # inotify said the inbox grew since it was last read
+        self._waiter: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         libc = _libc()
         self._notify = libc.inotify_init1(_IN_NONBLOCK_CLOEXEC)
         if self._notify < 0:
@@ -90,22 +94,29 @@ class RawMailbox:
     async def receive(self) -> dict[str, Any]:
         """The next message of this inbox, waiting for inotify to say the file grew."""
         while not self._pending:
-            await self._readable()
-            try:
-                os.read(self._notify, 4096)  # drain: what follows reads up to the end
-            except BlockingIOError:
-                continue
+            if not self._changed:
+                loop = asyncio.get_running_loop()
+                if self._loop is None:  # one reader for the mailbox's life, as teamrt's
+                    loop.add_reader(self._notify, self._on_notify)
+                    self._loop = loop
+                self._waiter = loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            self._changed = False
             self._read_new()
         return self._pending.pop(0)
 
-    async def _readable(self) -> None:
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(self._notify, ready.set_result, None)
+    def _on_notify(self) -> None:
+        """Drain the inotify events (what follows reads up to the end) and wake a receiver."""
         try:
-            await ready
-        finally:
-            loop.remove_reader(self._notify)
+            os.read(self._notify, 4096)
+        except BlockingIOError:
+            return
+        self._changed = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def _read_new(self) -> None:
         data = self._partial
@@ -123,6 +134,8 @@ class RawMailbox:
             os.close(log)
             os.close(lock)
         self._outboxes.clear()
+        if self._loop is not None:
+            self._loop.remove_reader(self._notify)
         os.close(self._inbox)
         os.close(self._notify)
 
