@@ -40,6 +40,7 @@ IN_MODIFY = 0x00000002
 _IN_NONBLOCK_CLOEXEC = os.O_NONBLOCK | os.O_CLOEXEC
 CHILD = Path(__file__)
 READ_CHUNK = 64 << 10
+BLOCK_TIMEOUT = 60  # seconds
 
 
 def _libc() -> ctypes.CDLL:
@@ -190,15 +191,18 @@ class InotifyChild:
 
     async def cpu(self) -> float:
         """The child's CPU time so far, in seconds."""
-        return float(await self.request(None, "cpu"))
+        async with asyncio.timeout(BLOCK_TIMEOUT):
+            return float(await self.request(None, "cpu"))
 
     async def ping_pong(self, n: int) -> list[float]:
-        """`n` request -> response round trips, in microseconds."""
+        """`n` request -> response round trips, in microseconds (a child that stopped answering
+        fails the block after BLOCK_TIMEOUT seconds, not each exchange: no timer per request)."""
         times = []
-        for i in range(n):
-            start = time.perf_counter_ns()
-            await self.request(i)
-            times.append((time.perf_counter_ns() - start) / 1000)
+        async with asyncio.timeout(BLOCK_TIMEOUT + n / 100):
+            for i in range(n):
+                start = time.perf_counter_ns()
+                await self.request(i)
+                times.append((time.perf_counter_ns() - start) / 1000)
         return times
 
 
