@@ -1,12 +1,12 @@
 """`teamrt bench`: the mailboxes measured against raw baselines, in one run, on one disk.
 
 Every figure is printed beside a baseline measured in the same run (a raw locked append, a raw
-fsync'd append, an asyncio.Queue ping-pong, an os.pipe ping-pong between two processes) with the
-ratio and the target. Each figure is the median of several rounds in which it alternates with its
-baseline, shown with its range, and the CPU-bound ones also as CPU time per operation (see
-bench_stats.py). Child processes that measure teamrt are this module run as `python -m
-teamrt.cli.bench _ROLE`; the os.pipe baselines run a lean child that imports no teamrt
-(bench_pipes.py).
+fsync'd append, an asyncio.Queue ping-pong, an os.pipe ping-pong between two processes, a minimal
+mailbox on raw inotify between two processes) with the ratio and the target. Each figure is the
+median of several rounds in which it alternates with its baseline, shown with its range, and the
+CPU-bound ones also as CPU time per operation (see bench_stats.py). Child processes that measure
+teamrt are this module run as `python -m teamrt.cli.bench _ROLE`; the os.pipe baselines and the
+raw inotify floor run lean children that import no teamrt (bench_pipes.py, bench_inotify.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import anyio
 
 from teamrt.agents import Agent, Limits, Memory, tool
 from teamrt.cli import bench_stats
+from teamrt.cli.bench_inotify import InotifyChild
 from teamrt.cli.bench_models import model_figures
 from teamrt.cli.bench_startup import startup_figures
 from teamrt.cli.bench_stats import (
@@ -655,13 +656,18 @@ class Bench:
         )
 
     async def round_trips(self) -> None:
-        """Requests answered by a process, beside an os.pipe ping-pong with a lean process and an
-        asyncio.Queue ping-pong in this one: blocks of each in turn, every round; with the CPU
-        each exchange costs on each side."""
+        """Requests answered by a process, beside an os.pipe ping-pong with a lean process, the
+        same requests through a minimal mailbox on raw inotify with a lean process (the floor,
+        bench_inotify.py) and an asyncio.Queue ping-pong in this one: blocks of each in turn,
+        every round; with the CPU each exchange costs on each side."""
         n = self.sizes.round_trips
         t = Tally()
         team = self.team("rtt")
-        async with FileMailboxes(team, members=MEMBERS) as mail, PipeChild("echo") as pipe:
+        async with (
+            FileMailboxes(team, members=MEMBERS) as mail,
+            PipeChild("echo") as pipe,
+            InotifyChild(self.root / "inotify-floor") as floor,
+        ):
             ready = self.root / "echo.ready"
             proc = _child("_echo", str(team), str(ready))
             try:
@@ -676,6 +682,7 @@ class Bench:
                 for i in range(50):  # warm both up
                     await mail.request(Envelope.request("lead", "echo", i), timeout=30)
                 await pipe.ping_pong(20)
+                await floor.ping_pong(50)
                 for _ in self.each_round():
                     theirs = await pipe.cpu()
                     with clock() as c:
@@ -699,6 +706,15 @@ class Bench:
                     t.add("cpu_here", c.cpu / n * 1e6)
                     t.add("cpu_there", theirs / n * 1e6)
 
+                    theirs = await floor.cpu()
+                    with clock() as c:
+                        times = await floor.ping_pong(n)
+                    theirs = await floor.cpu() - theirs
+                    t.add("floor50", pct(times, 50))
+                    t.add("floor99", pct(times, 99))
+                    t.add("floor_cpu_here", c.cpu / n * 1e6)
+                    t.add("floor_cpu_there", theirs / n * 1e6)
+
                     t.add("queue50", pct(await queue_ping_pong(n), 50))
                 await mail.send(Envelope.message("lead", "echo", None, type="stop"))
             finally:
@@ -709,6 +725,14 @@ class Bench:
                 *("p50", "us", "os.pipe ping-pong, p50", "pipe50"),
                 target="<= 300 us",
                 check=lambda f: f.value <= 300,
+            )
+        )
+        self.add(
+            t.figure(
+                "request -> response, p50, against a minimal mailbox on raw inotify",
+                *("p50", "us", "raw inotify mailbox round trip, p50", "floor50"),
+                target="<= 1.3x the floor",
+                check=lambda f: f.value <= 1.3 * (f.baseline_value or 0),
             )
         )
         self.add(
@@ -731,6 +755,19 @@ class Bench:
                 *("cpu_there", "us", "os.pipe ping-pong, same side", "pipe_cpu_there"),
             )
         )
+        self.add(
+            t.figure(
+                "request -> response, p99, against a minimal mailbox on raw inotify",
+                *("p99", "us", "raw inotify mailbox round trip, p99", "floor99"),
+            )
+        )
+        for side, key in (("requesting", "here"), ("answering", "there")):
+            self.add(
+                t.figure(
+                    f"request -> response: CPU per exchange, {side} process, against the floor",
+                    *(f"cpu_{key}", "us", "raw inotify mailbox, same side", f"floor_cpu_{key}"),
+                )
+            )
         self.add(t.figure("asyncio.Queue ping-pong in-process, p50 (reference)", "queue50", "us"))
 
     async def wakes(self) -> None:
