@@ -15,6 +15,7 @@ Store-agnostic: no file or lock is touched in this module.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -369,6 +370,11 @@ class Inbox:
             del self._to_quarantine[0]
         await reader.commit(self._tracker.cursor())
 
+    def _signal_if(self, event: anyio.Event) -> None:
+        """`_signal`, if `event` is still the one waiters wait on (a deadline's timer)."""
+        if self._event is event:
+            self._signal()
+
     def _signal(self) -> None:
         event = self._event
         if event is not None:
@@ -401,10 +407,15 @@ class Inbox:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
-        with anyio.move_on_after(remaining):
+        # a timer on the event loop rather than a cancel scope (which costs about 7 us more per
+        # wait, once per request): at the deadline it wakes this inbox's waiters, and each one
+        # tells a wake-up in time from the deadline by the clock
+        timer = asyncio.get_running_loop().call_later(remaining, self._signal_if, event)
+        try:
             await event.wait()
-            return True
-        return False
+        finally:
+            timer.cancel()
+        return time.monotonic() < deadline
 
     def _next(self) -> EnvelopeFields | None:
         """The next envelope for `receive`, decoded; None when nothing more is there."""

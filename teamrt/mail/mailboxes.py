@@ -462,10 +462,8 @@ class Mailboxes:
         check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
         try:
             await self.send(envelope)
-            while reply.response is None:
-                inbox._pump()
-                if reply.response is not None:
-                    break
+            # no read right after the send: _wait() returns at once if anything has come
+            while True:
                 if not await inbox._wait(min(deadline, check_at)):
                     if time.monotonic() >= deadline:
                         break
@@ -475,6 +473,9 @@ class Mailboxes:
                         inbox._timed_out.add(envelope.id)  # a late answer is counted as late
                         raise
                     check_at = time.monotonic() + _LIVENESS_EVERY
+                inbox._pump()
+                if reply.response is not None:
+                    break
         finally:
             inbox._pending.pop(envelope.id, None)
         response = reply.response
