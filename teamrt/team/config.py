@@ -12,6 +12,7 @@ import anyio
 
 from teamrt.agents.limits import Limits
 from teamrt.agents.memory import Memory
+from teamrt.agents.output import OutputType
 from teamrt.agents.tools import Tool
 from teamrt.errors import LimitExceeded, UsageError
 from teamrt.mail.store import Store, run_local
@@ -66,6 +67,10 @@ class Teammate:
       this teammate's own tools, which returns only its conclusion.
     - Tools named in `needs_approval` refuse to run until the teammate has sent a plan with
       `submit_plan` and the lead approved it (a real gate, in the tool wrapper).
+    - `output_type`: every task is answered with a value of this type (a pydantic model, or
+      any type a pydantic `TypeAdapter` takes), validated as `Agent(output_type=...)` does; the
+      `task_result` carries it as JSON and `team.ask(name, task, output_type=...)` returns it
+      typed. Rounds of mail stay untyped.
     """
 
     name: str
@@ -84,6 +89,9 @@ class Teammate:
     delegate: bool = False
     prices: dict[str, tuple[float, float]] | None = None
     stream: bool = False
+    output_type: Any = None
+    #: `output_type` made ready for the agent (its schema and validator), built once
+    typed: OutputType | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.context not in ("persistent", "per_task"):
@@ -96,6 +104,8 @@ class Teammate:
         unknown = set(self.wake_on) - {"message", "broadcast", "response"}
         if unknown:
             raise UsageError(f"Teammate.wake_on: unknown kinds {sorted(unknown)}")
+        if self.output_type is not None:
+            self.typed = OutputType(self.output_type)  # a type pydantic cannot take fails here
 
     def make_model(self) -> Model:
         return self.model if isinstance(self.model, Model) else self.model()
