@@ -15,10 +15,12 @@ from teamrt.agents.loop import (
 )
 from teamrt.agents.memory import Compacted, Memory
 from teamrt.agents.messaging import messaging_tools
+from teamrt.agents.output import FINAL_TOOL, OutputType
 from teamrt.agents.state import AgentState, RunReport, Stop
 from teamrt.agents.tools import Tool, Toolbox, ToolResult, current_call_id, tool
 
 __all__ = [
+    "FINAL_TOOL",
     "PRICES",
     "PRICES_DATE",
     "Agent",
@@ -31,6 +33,7 @@ __all__ = [
     "Limits",
     "Malformed",
     "Memory",
+    "OutputType",
     "RunReport",
     "Stop",
     "Tool",
