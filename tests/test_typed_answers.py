@@ -20,6 +20,7 @@ from teamrt import Envelope, FileMailboxes, MemoryMailboxes
 from teamrt.agents import Agent, Limits, RunReport, tool
 from teamrt.agents.loop import REJECTED
 from teamrt.agents.output import FINAL_TOOL, OutputType
+from teamrt.cli.main import main
 from teamrt.errors import InvalidOutput, OutputError, ToolCrashed, UsageError
 from teamrt.models import (
     ChatMessage,
@@ -35,7 +36,7 @@ from teamrt.models import (
 )
 from teamrt.rerun import rerun
 from teamrt.team import RESULT, RestartPolicy, TaskResult, Team, Teammate
-from tests.fake_openai import FakeOpenAI, chat_reply, responses_reply
+from tests.fake_openai import FakeOpenAI, chat_chunks, chat_reply, responses_reply
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 
@@ -362,6 +363,70 @@ async def test_a_typed_run_reruns_the_same_from_its_transcript(
     assert {(line["output"]["name"], line["answer_by"]) for line in lines} == {("Invoice", by)}
 
 
+def _clerk_brain(structured: bool) -> Callable[[Sequence[ChatMessage], Sequence[ToolSpec]], Any]:
+    """A clerk that looks the amount up, answers it wrong once per task, then right; mail is
+    answered with a note. Decided by the conversation alone, so a rerun gets the same."""
+
+    def answer(total: int) -> ModelReply | str:
+        if structured:
+            return json.dumps({"customer": "ACME", "total": total})
+        return final(customer="ACME", total=total)
+
+    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+        last = messages[-1]
+        if last.role == "user" and (last.content or "").startswith("Bill"):
+            return call("lookup", customer="ACME")
+        if last.role == "tool" and last.name == "lookup":
+            return answer(-1)
+        if (last.role == "tool" and last.name == FINAL_TOOL) or "does not match" in (
+            last.content or ""
+        ):
+            return answer(12)
+        return "noted"
+
+    return brain
+
+
+def typed_clerk() -> Teammate:
+    """A typed teammate answering through the final-answer tool (a spec for `teamrt rerun`)."""
+    return Teammate(
+        "clerk", FunctionModel(_clerk_brain(False)), tools=[lookup], output_type=Invoice
+    )
+
+
+def typed_clerk_structured() -> Teammate:
+    """The same through structured output."""
+    model = FunctionModel(_clerk_brain(True), structured_output=True)
+    return Teammate("clerk", model, tools=[lookup], output_type=Invoice)
+
+
+@pytest.mark.parametrize("spec", ["typed_clerk", "typed_clerk_structured"])
+def test_teamrt_rerun_of_a_typed_teammate_with_a_round_of_mail_is_the_same(
+    tmp_path: Path, spec: str
+) -> None:
+    make = {"typed_clerk": typed_clerk, "typed_clerk_structured": typed_clerk_structured}[spec]
+
+    async def record() -> None:
+        async with (
+            FileMailboxes(tmp_path / "t") as mail,
+            Team(mail, [make()], agent_dir=tmp_path / "t" / "agents") as team,
+        ):
+            first = await team.ask("clerk", "Bill ACME.", output_type=Invoice, timeout=5)
+            await mail.send(Envelope.message("lead", "clerk", "FYI: ACME moved"))
+            with anyio.fail_after(5):
+                while team.status["clerk"].rounds < 1:  # noqa: ASYNC110 -- the teammate's task
+                    await anyio.sleep(0.005)
+            second = await team.ask("clerk", "Bill ACME again.", output_type=Invoice, timeout=5)
+            assert first == second == Invoice(customer="ACME", total=12)
+
+    anyio.run(record)
+    argv = ["rerun", str(tmp_path / "t"), "--agent", "clerk", "--spec"]
+    assert main([*argv, f"tests.test_typed_answers:{spec}"]) == 0
+    if spec == "typed_clerk":  # without the type, final_answer is an unknown tool: it differs
+        untyped = anyio.run(rerun, tmp_path / "t" / "agents", "clerk", [lookup], "")
+        assert untyped[1] is not None and "UnknownTool" in str(untyped[1])
+
+
 # --- teams --------------------------------------------------------------------------------------
 
 
@@ -563,6 +628,24 @@ async def test_openai_responses_structured_output(
     fmt = server.seen[0].body["text"]["format"]
     assert (fmt["type"], fmt["name"], fmt["strict"]) == ("json_schema", "list_int", True)
     assert fmt["schema"]["properties"]["value"] == {"items": {"type": "integer"}, "type": "array"}
+
+
+async def test_openai_streams_a_structured_answer(
+    server: FakeOpenAI, openai_model: Callable[..., OpenAIModel]
+) -> None:
+    server.then_stream(chat_chunks(['{"customer": "AC', 'ME", "total": 12, "note": null}']))
+    texts: list[str] = []
+    report = None
+    async with Agent("c", openai_model(), output_type=Invoice).stream("Bill ACME.") as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                texts.append(event.text)
+            else:
+                report = event
+    assert isinstance(report, RunReport) and report.output == Invoice(customer="ACME", total=12)
+    assert "".join(texts).startswith('{"customer": "ACME"')
+    body = server.seen[0].body
+    assert body["stream"] is True and body["response_format"]["json_schema"]["name"] == "Invoice"
 
 
 async def test_openai_without_structured_output_answers_through_the_tool(

@@ -33,7 +33,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import anyio
 
@@ -86,7 +86,8 @@ REJECTED_TEXT = (
 )
 #: Typed answers rejected in one task that go back to the model; the next one stops the run.
 OUTPUT_RETRIES = 1
-#: The results of other calls in a reply that calls the final-answer tool (they do not run).
+#: The result of an accepted final-answer call, and of the other calls of its reply (not run).
+ACCEPTED = {"ok": "answer accepted"}
 NOT_RUN_ENDED = "NotRun: the final answer ended the task"
 NOT_RUN_BESIDE = (
     "NotRun: calls beside a final answer are not run; make them again if they are still needed"
@@ -307,6 +308,7 @@ class Agent:
         self.state: AgentState | None = None
         self._output: OutputType | None = None
         self._accepted: Accepted | None = None  # the last answer accepted, with its value
+        self._takes_schema: tuple[Model | None, bool] = (None, False)  # model, structured?
         self.output_type = output_type
         self._check_priced(model.name)
 
@@ -333,9 +335,10 @@ class Agent:
         if self._output is None:
             return None
         model = self.model
-        if isinstance(model, StructuredOutputModel) and model.structured_output:
-            return self._output.spec
-        return None
+        if self._takes_schema[0] is not model:  # a protocol check costs ~30 us: once a model
+            takes = isinstance(model, StructuredOutputModel) and model.structured_output
+            self._takes_schema = (model, takes)
+        return self._output.spec if self._takes_schema[1] else None
 
     def _check_priced_now(self) -> None:
         """A shared cost budget may become known after this agent was made (a member in
@@ -793,11 +796,12 @@ class Agent:
     async def _ask(
         self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None
     ) -> ModelReply:
-        """The model's reply, held to the answer's schema when there is one."""
-        model = self.model
-        if output is not None and isinstance(model, StructuredOutputModel):
-            return await model.complete(state.messages, specs, output=output)
-        return await model.complete(state.messages, specs)
+        """The model's reply, held to the answer's schema when there is one (`output` is only
+        given for a model that `_structured` found takes it)."""
+        if output is not None:
+            structured = cast(StructuredOutputModel, self.model)
+            return await structured.complete(state.messages, specs, output=output)
+        return await self.model.complete(state.messages, specs)
 
     async def _complete_traced(
         self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None
@@ -922,7 +926,7 @@ class Agent:
         error = ""
         try:
             accepted = self._output.check(final.arguments or "{}")
-            result = {"ok": "answer accepted"}
+            result = ACCEPTED
         except Rejected as exc:
             error = str(exc)
             result = {"error": f"ValidationError: {error}"}
@@ -936,7 +940,7 @@ class Agent:
         if accepted is not None:
             self._accept(state, accepted)
         else:
-            self._reject(state, error, None)
+            self._reject(state, error)  # the call's error result is what the model reads
 
     def _typed_text(self, state: AgentState, text: str, work: _StepWork) -> None:
         """A typed run's text answer: the answer itself (structured output), or, from a model
@@ -945,9 +949,10 @@ class Agent:
         try:
             accepted = self._output.check(text)
         except Rejected as exc:
-            template = REJECTED if self._structured() is not None else REJECTED_TEXT
-            feedback = template.format(name=self._output.name, errors=exc)
-            self._reject(state, str(exc), ChatMessage.user(feedback), work)
+            if self._reject(state, str(exc)):
+                template = REJECTED if self._structured() is not None else REJECTED_TEXT
+                feedback = template.format(name=self._output.name, errors=exc)
+                work.appended.append(ChatMessage.user(feedback))
             return
         self._accept(state, accepted)
 
@@ -956,27 +961,20 @@ class Agent:
         state.answer = accepted.json
         state.stop = Stop(reason="answer", detail="the model gave its answer")
 
-    def _reject(
-        self,
-        state: AgentState,
-        error: str,
-        feedback: ChatMessage | None,
-        work: _StepWork | None = None,
-    ) -> None:
-        """An answer that did not validate: given back to the model once (the tool's error
-        result, or `feedback`), then the run stops as `invalid_output`."""
+    def _reject(self, state: AgentState, error: str) -> bool:
+        """An answer that did not validate: True while the model gets its one correction
+        (the caller gives it the errors); after that the run stops as `invalid_output`."""
         assert self._output is not None
         state.output_errors += 1
-        if state.output_errors > OUTPUT_RETRIES:
-            log.info("%s stopped: its answer did not match %s twice", state.agent,
-                     self._output.name)  # fmt: skip
-            state.stop = Stop(
-                reason="invalid_output",
-                detail=f"the answer did not match {self._output.name} again after one "
-                f"correction: {error}",
-            )
-        elif feedback is not None and work is not None:
-            work.appended.append(feedback)
+        if state.output_errors <= OUTPUT_RETRIES:
+            return True
+        name = self._output.name
+        log.info("%s stopped: its answer did not match %s twice", state.agent, name)
+        state.stop = Stop(
+            reason="invalid_output",
+            detail=f"the answer did not match {name} again after one correction: {error}",
+        )
+        return False
 
     async def _run_tools(
         self, state: AgentState, tool_calls: tuple[ToolCall, ...], work: _StepWork
@@ -1167,7 +1165,7 @@ class Agent:
         typed = self._output
         if typed is None or state.stop is None or state.stop.reason != "answer":
             return None
-        if state.answer is None:
+        if state.answer is None:  # cannot happen after an answer; for the type checker
             return None
         accepted = self._accepted
         if accepted is not None and accepted.json == state.answer:
