@@ -37,16 +37,10 @@ from teamrt.models import (
 from teamrt.rerun import rerun
 from teamrt.team import RESULT, RestartPolicy, TaskResult, Team, Teammate
 from tests.fake_openai import FakeOpenAI, chat_chunks, chat_reply, responses_reply
+from tests.remote import exit_code, run_agent, until_running
+from tests.typed_specs import Invoice, lookup, typed_clerk, typed_clerk_structured
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
-
-
-class Invoice(BaseModel):
-    """An invoice for one customer."""
-
-    customer: str
-    total: int = Field(ge=0)
-    note: str | None = None
 
 
 @dataclass
@@ -58,6 +52,11 @@ class Point:
 class Person(TypedDict):
     name: str
     age: int
+
+
+class Large(BaseModel):
+    customer: str
+    total: int = Field(gt=100)
 
 
 def final(**arguments: Any) -> ModelReply:
@@ -85,12 +84,6 @@ MECHANISMS: dict[str, tuple[Callable[[Sequence[ModelReply | str]], ScriptedModel
         '{"customer": "ACME", "total": -3}',
     ),
 }
-
-
-@tool
-def lookup(customer: str) -> dict[str, int]:
-    """What a customer owes."""
-    return {"owed": {"ACME": 12}[customer]}
 
 
 # --- one agent ----------------------------------------------------------------------------------
@@ -363,43 +356,6 @@ async def test_a_typed_run_reruns_the_same_from_its_transcript(
     assert {(line["output"]["name"], line["answer_by"]) for line in lines} == {("Invoice", by)}
 
 
-def _clerk_brain(structured: bool) -> Callable[[Sequence[ChatMessage], Sequence[ToolSpec]], Any]:
-    """A clerk that looks the amount up, answers it wrong once per task, then right; mail is
-    answered with a note. Decided by the conversation alone, so a rerun gets the same."""
-
-    def answer(total: int) -> ModelReply | str:
-        if structured:
-            return json.dumps({"customer": "ACME", "total": total})
-        return final(customer="ACME", total=total)
-
-    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
-        last = messages[-1]
-        if last.role == "user" and (last.content or "").startswith("Bill"):
-            return call("lookup", customer="ACME")
-        if last.role == "tool" and last.name == "lookup":
-            return answer(-1)
-        if (last.role == "tool" and last.name == FINAL_TOOL) or "does not match" in (
-            last.content or ""
-        ):
-            return answer(12)
-        return "noted"
-
-    return brain
-
-
-def typed_clerk() -> Teammate:
-    """A typed teammate answering through the final-answer tool (a spec for `teamrt rerun`)."""
-    return Teammate(
-        "clerk", FunctionModel(_clerk_brain(False)), tools=[lookup], output_type=Invoice
-    )
-
-
-def typed_clerk_structured() -> Teammate:
-    """The same through structured output."""
-    model = FunctionModel(_clerk_brain(True), structured_output=True)
-    return Teammate("clerk", model, tools=[lookup], output_type=Invoice)
-
-
 @pytest.mark.parametrize("spec", ["typed_clerk", "typed_clerk_structured"])
 def test_teamrt_rerun_of_a_typed_teammate_with_a_round_of_mail_is_the_same(
     tmp_path: Path, spec: str
@@ -421,7 +377,7 @@ def test_teamrt_rerun_of_a_typed_teammate_with_a_round_of_mail_is_the_same(
 
     anyio.run(record)
     argv = ["rerun", str(tmp_path / "t"), "--agent", "clerk", "--spec"]
-    assert main([*argv, f"tests.test_typed_answers:{spec}"]) == 0
+    assert main([*argv, f"tests.typed_specs:{spec}"]) == 0
     if spec == "typed_clerk":  # without the type, final_answer is an unknown tool: it differs
         untyped = anyio.run(rerun, tmp_path / "t" / "agents", "clerk", [lookup], "")
         assert untyped[1] is not None and "UnknownTool" in str(untyped[1])
@@ -504,17 +460,13 @@ async def test_a_typed_ask_that_stops_otherwise_raises_output_error() -> None:
 
 
 async def test_the_lead_validates_against_the_type_it_asked_for() -> None:
-    class Strict(BaseModel):
-        customer: str
-        total: int = Field(gt=100)
-
     async with MemoryMailboxes() as mail:
         clerk = Teammate("clerk", tool_model([final(customer="A", total=12)]), output_type=Invoice)
         async with Team(mail, [clerk]) as team:
             with pytest.raises(
-                InvalidOutput, match=r"clerk's answer \(Invoice\) does not match Strict: total"
+                InvalidOutput, match=r"clerk's answer \(Invoice\) does not match Large: total"
             ):
-                await team.ask("clerk", "bill", output_type=Strict, timeout=5)
+                await team.ask("clerk", "bill", output_type=Large, timeout=5)
 
 
 async def test_rounds_of_mail_stay_untyped() -> None:
@@ -568,6 +520,21 @@ async def test_a_restarted_typed_teammate_resumes_its_task_from_the_journal(
         assert team.status["clerk"].restarts == 1
     assert invoice == Invoice(customer="ACME", total=12)
     assert len(asked) == 2  # the model was not asked the interrupted step again
+
+
+async def test_a_typed_teammate_in_another_process(tmp_path: Path) -> None:
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=["lead", "w"]) as mail:
+        proc = run_agent(team, "remote_clerk", module="typed_specs")
+        await until_running(mail, proc)
+        async with Team(mail, [], remote=["w"]) as lead:
+            with anyio.fail_after(20):
+                invoice = await lead.ask("w", "Bill ACME.", output_type=Invoice, timeout=30)
+                # the lead checks against the type it asked for, whatever the teammate declared
+                with pytest.raises(InvalidOutput, match="does not match Large: total: Input"):
+                    await lead.ask("w", "Bill ACME.", output_type=Large, timeout=30)
+        code, err = await exit_code(proc)
+    assert invoice == Invoice(customer="ACME", total=12) and code == 0, err
 
 
 # --- the real openai client against a local server ----------------------------------------------
