@@ -36,6 +36,7 @@ from teamrt.models import (
 )
 from teamrt.rerun import rerun
 from teamrt.team import RESULT, RestartPolicy, TaskResult, Team, Teammate
+from teamrt.team.team import typed_answer
 from tests.fake_openai import FakeOpenAI, chat_chunks, chat_reply, responses_reply
 from tests.remote import exit_code, run_agent, until_running
 from tests.typed_specs import Invoice, lookup, typed_clerk, typed_clerk_structured
@@ -457,6 +458,29 @@ async def test_a_typed_ask_that_stops_otherwise_raises_output_error() -> None:
                 await team.ask("clerk", "Bill ACME.", output_type=Invoice, timeout=5)
     assert not isinstance(raised.value, InvalidOutput)
     assert raised.value.stop_reason == "limit"
+
+
+def test_what_the_lead_gets_for_each_way_a_typed_task_can_end() -> None:
+    typed = OutputType(Invoice)
+
+    def result(stop: str, **extra: Any) -> TaskResult:
+        fields: dict[str, Any] = {"answer": None, "stop_reason": stop, "detail": "why"}
+        fields.update(steps=1, tool_calls=0, tokens=10, cost=None)
+        return TaskResult(**{**fields, **extra})
+
+    value = {"customer": "A", "total": 1, "note": None}
+    good = result("answer", output=value, output_name="Invoice")
+    assert typed_answer("w", good, typed) == Invoice(customer="A", total=1)
+    cases: list[tuple[TaskResult, type[OutputError], str]] = [
+        (result("invalid_output"), InvalidOutput, "w gave no valid Invoice: why"),
+        (result("answer", answer="text"), OutputError, "w answered with text, not a typed answer"),
+        (result("model_error"), OutputError, r"w stopped \(model_error\) without a typed answer"),
+        (result("shutdown"), OutputError, r"w stopped \(shutdown\)"),
+    ]
+    for ended, kind, message in cases:
+        with pytest.raises(kind, match=message) as raised:
+            typed_answer("w", ended, typed)
+        assert type(raised.value) is kind and raised.value.result is ended
 
 
 async def test_the_lead_validates_against_the_type_it_asked_for() -> None:
