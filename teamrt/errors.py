@@ -30,6 +30,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     ├── LimitExceeded                        an agent hit one of its limits (a clean stop)
     ├── StopRequested                        an agent was asked to stop (e.g. team shutdown)
     ├── ToolCrashed                          a tool raised SystemExit or another BaseException
+    ├── MCPServerError                       an MCP server could not be started, reached or listed
     ├── OutputError                          a typed answer was asked for and none came
     │   └── InvalidOutput                    the answer did not validate (twice, or at the lead)
     └── ModelError                           the model service failed or answered nonsense
@@ -191,6 +192,12 @@ class Deadlock(TeamrtError):
     """A request that would close a cycle of members waiting on each other (A asks B while B,
     busy, waits on A): refused at once, naming the cycle, instead of every request in it
     waiting for its timeout."""
+
+
+class MCPServerError(TeamrtError):
+    """An MCP server could not be started (a bad command), reached (nothing at the URL, a
+    refused header) or asked for its tools in time. Failures after that are data for the model
+    (see `teamrt.agents.mcp_tools`), never raised."""
 
 
 class ToolCrashed(TeamrtError):

@@ -13,6 +13,7 @@ from teamrt.agents.loop import (
     ToolCallStarted,
     decide,
 )
+from teamrt.agents.mcp_tools import MCPConnection, MCPTool, MCPTools
 from teamrt.agents.memory import Compacted, Memory
 from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.output import FINAL_TOOL, OutputType
@@ -31,6 +32,9 @@ __all__ = [
     "Compacted",
     "Inbound",
     "Limits",
+    "MCPConnection",
+    "MCPTool",
+    "MCPTools",
     "Malformed",
     "Memory",
     "OutputType",

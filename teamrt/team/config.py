@@ -11,6 +11,7 @@ from typing import Any, Literal
 import anyio
 
 from teamrt.agents.limits import Limits
+from teamrt.agents.mcp_tools import MCPTools
 from teamrt.agents.memory import Memory
 from teamrt.agents.output import OutputType
 from teamrt.agents.tools import Tool
@@ -67,6 +68,10 @@ class Teammate:
       this teammate's own tools, which returns only its conclusion.
     - Tools named in `needs_approval` refuse to run until the teammate has sent a plan with
       `submit_plan` and the lead approved it (a real gate, in the tool wrapper).
+    - `mcp`: MCP servers (`MCPTools.stdio(...)`, `MCPTools.http(...)`) whose tools the teammate
+      gets beside its own: connected when an incarnation starts (one that cannot connect
+      crashes, and its restart policy applies), closed when it ends, so a restarted teammate
+      gets a fresh server process. `needs_approval` names them as the model sees them.
     - `output_type`: every task is answered with a value of this type (a pydantic model, or
       any type a pydantic `TypeAdapter` takes), validated as `Agent(output_type=...)` does; the
       `task_result` carries it as JSON and `team.ask(name, task, output_type=...)` returns it
@@ -89,6 +94,7 @@ class Teammate:
     delegate: bool = False
     prices: dict[str, tuple[float, float]] | None = None
     stream: bool = False
+    mcp: Sequence[MCPTools] = ()
     output_type: Any = None
     #: `output_type` made ready for the agent (its schema and validator), built once
     typed: OutputType | None = field(default=None, init=False, repr=False, compare=False)

@@ -692,7 +692,7 @@ class Team:
         try:
             with anyio.CancelScope() as scope:
                 runner.scope = scope
-                async with anyio.create_task_group() as tasks:
+                async with runner.mcp_servers(), anyio.create_task_group() as tasks:
                     tasks.start_soon(runner.desk.listen)
                     tasks.start_soon(runner.flusher)
                     await runner.serve(ready)
