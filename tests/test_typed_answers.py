@@ -265,6 +265,8 @@ def test_types_and_tools_that_cannot_be_used_are_refused() -> None:
         Agent("a", ScriptedModel([]), tools=[answer_tool], output_type=Invoice)
     with pytest.raises(UsageError, match="cannot be used for a typed answer"):
         Teammate("w", ScriptedModel([]), output_type=object())
+    with pytest.raises(UsageError, match="teammate 'w' has a tool named 'final_answer'"):
+        Teammate("w", ScriptedModel([]), tools=[answer_tool], output_type=Invoice)
 
 
 async def test_a_typed_run_streams_its_json() -> None:

@@ -13,7 +13,7 @@ import anyio
 from teamrt.agents.limits import Limits
 from teamrt.agents.mcp_tools import MCPTools
 from teamrt.agents.memory import Memory
-from teamrt.agents.output import OutputType
+from teamrt.agents.output import FINAL_TOOL, OutputType
 from teamrt.agents.tools import Tool
 from teamrt.errors import LimitExceeded, UsageError
 from teamrt.mail.store import Store, run_local
@@ -112,6 +112,14 @@ class Teammate:
             raise UsageError(f"Teammate.wake_on: unknown kinds {sorted(unknown)}")
         if self.output_type is not None:
             self.typed = OutputType(self.output_type)  # a type pydantic cannot take fails here
+            names = [
+                t.name if isinstance(t, Tool) else getattr(t, "__name__", "") for t in self.tools
+            ]
+            if FINAL_TOOL in names:
+                raise UsageError(
+                    f"teammate {self.name!r} has a tool named {FINAL_TOOL!r}, the name of a "
+                    "typed answer's tool: rename the tool"
+                )
 
     def make_model(self) -> Model:
         return self.model if isinstance(self.model, Model) else self.model()
