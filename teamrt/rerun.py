@@ -5,6 +5,10 @@ checking that the conversation the loop built is the one that was recorded. Tool
 run for real (that is what a code change touches); messaging tools, which would reach other
 teammates, return what they returned in the recording. The first step whose conversation differs
 is reported, so a change can be checked against a recorded run without any model call.
+
+A typed agent's recording says whether its calls held the model to the answer's schema
+(structured output); the recorded model claims the same, so the re-run asks for the answer the
+same way (or through the same final-answer tool) and validates it again.
 """
 
 from __future__ import annotations
@@ -13,14 +17,16 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, create_model
 
 from teamrt.agents.loop import Agent
+from teamrt.agents.output import OutputType
 from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool
 from teamrt.errors import ModelError, UsageError
-from teamrt.models.base import ChatMessage, ModelReply, ToolSpec
+from teamrt.models.base import ChatMessage, ModelReply, OutputSpec, ToolSpec
 
 _MESSAGES = TypeAdapter(list[ChatMessage])
 MESSAGING = ("send_message", "wait_for_messages", "request", "reply", "broadcast")
@@ -30,6 +36,8 @@ MESSAGING = ("send_message", "wait_for_messages", "request", "reply", "broadcast
 class Step:
     context: list[ChatMessage]  # what the model was sent
     reply: ModelReply
+    output: OutputSpec | None = None  # a typed run's answer schema
+    structured: bool = False  # the call held the model to it (else: the final-answer tool)
 
 
 def load_transcript(path: Path) -> list[Step]:
@@ -42,7 +50,15 @@ def load_transcript(path: Path) -> list[Step]:
         record = json.loads(line)
         sent = _MESSAGES.validate_python(record["sent"])
         context = sent if record.get("context") == "replaced" else [*context, *sent]
-        steps.append(Step(list(context), ModelReply.model_validate(record["reply"])))
+        output = record.get("output")
+        steps.append(
+            Step(
+                list(context),
+                ModelReply.model_validate(record["reply"]),
+                OutputSpec.model_validate(output) if output is not None else None,
+                record.get("answer_by") == "structured_output",
+            )
+        )
     return steps
 
 
@@ -75,20 +91,30 @@ def first_difference(recorded: list[ChatMessage], now: Sequence[ChatMessage]) ->
 
 
 class RecordedModel:
-    """Answers from a recording, and checks the conversation at every call."""
+    """Answers from a recording, and checks the conversation at every call. It does
+    structured output when the recorded calls did (a typed agent's, on such a model)."""
 
     def __init__(self, steps: list[Step], name: str = "recorded") -> None:
         self.steps = steps
         self.calls = 0
         self._name = name
+        self._structured = any(step.structured for step in steps)
         self.divergence: Divergence | None = None
 
     @property
     def name(self) -> str:
         return self._name
 
+    @property
+    def structured_output(self) -> bool:
+        return self._structured
+
     async def complete(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        output: OutputSpec | None = None,
     ) -> ModelReply:
         step = self.calls + 1
         if self.calls >= len(self.steps):
@@ -162,10 +188,17 @@ def _stub(name: str, results: dict[str, str], order: list[str]) -> Tool:
 
 
 async def rerun(
-    directory: Path, name: str, tools: Sequence[Tool], instructions: str, task: str | None = None
+    directory: Path,
+    name: str,
+    tools: Sequence[Tool],
+    instructions: str,
+    task: str | None = None,
+    *,
+    output_type: Any = None,
 ) -> tuple[RunReport | None, Divergence | None, int]:
     """Re-run agent `name` from `directory` (its agents/ folder). Returns the report, the
-    divergence if any, and the number of recorded steps."""
+    divergence if any, and the number of recorded steps. `output_type`: the agent's (a typed
+    teammate's), so that its answers are asked for and validated as they were."""
     path = directory / f"{name}.transcript.jsonl"
     if not path.exists():
         raise UsageError(f"no transcript at {path}")
@@ -190,6 +223,13 @@ async def rerun(
         keep_context=True,
         inbound=_RecordedMail(steps, model),
     )
+    typed = OutputType(output_type) if output_type is not None else None
+
+    def recorded_typing() -> None:  # a teammate's tasks are typed, its rounds of mail not
+        step = steps[model.calls] if model.calls < len(steps) else None
+        agent.output_type = typed if step is not None and step.output is not None else None
+
+    recorded_typing()
     report = await agent.run(task)
     # a teammate's conversation carries across tasks: each later task (or round of mail) is the
     # user message that opens the next recorded call
@@ -197,6 +237,7 @@ async def rerun(
         opening = steps[model.calls].context[len(agent.state.messages) :]
         if not opening or opening[0].role != "user":
             break
+        recorded_typing()
         report = await agent.run(opening[0].content or "")
     divergence = model.divergence
     if divergence is None and model.calls < len(steps):

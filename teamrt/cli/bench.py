@@ -58,7 +58,15 @@ from teamrt.mail import FileMailboxes, Inbox
 from teamrt.mail.filestore import DEFAULT_SEGMENT_BYTES
 from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.log import encode, stamp
-from teamrt.models import ChatMessage, FunctionModel, ModelReply, ScriptedModel, ToolSpec, call
+from teamrt.models import (
+    ChatMessage,
+    FunctionModel,
+    ModelReply,
+    OutputSpec,
+    ScriptedModel,
+    ToolSpec,
+    call,
+)
 from teamrt.replay import timeline
 from teamrt.replay.events import WINDOW
 from teamrt.team import Team, Teammate
@@ -1147,10 +1155,14 @@ class _StampedModel(ScriptedModel):
         self.stamps: list[tuple[float, float]] = []
 
     async def complete(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        output: OutputSpec | None = None,
     ) -> ModelReply:
         self.stamps.append((time.perf_counter(), time.process_time()))
-        return await super().complete(messages, tools)
+        return await super().complete(messages, tools, output=output)
 
 
 async def _agent_steps(steps: int, directory: Path | None) -> tuple[list[float], list[float]]:

@@ -184,6 +184,7 @@ class Runner:
         self.status.state = "working"
         self.status.last = f"task {request.id} from {request.sender}"
         agent = self._agent()
+        agent.output_type = self.teammate.typed  # a task is typed when the teammate is
         text = request.body if isinstance(request.body, str) else json.dumps(request.body)
         self._streaming = request if request.type == STREAMED_TASK else None
         agent.on_event = self._on_event if self.teammate.stream or self._streaming else None
@@ -219,6 +220,7 @@ class Runner:
         self.status.state = "working"
         self.status.last = "reading mail"
         agent = self._agent()
+        agent.output_type = None  # a round of mail has no one to answer, and no type
         state = agent.state
         self._streaming = None
         agent.on_event = self._on_event if self.teammate.stream else None
@@ -588,6 +590,7 @@ def _tool_name(item: Tool | Callable[..., Any]) -> str:
 
 
 def _result(report: RunReport) -> TaskResult:
+    typed = report.output_name is not None and report.ok and report.answer is not None
     return TaskResult(
         answer=report.answer if report.answer is not None else report.partial,
         stop_reason=report.stop.reason,
@@ -596,4 +599,6 @@ def _result(report: RunReport) -> TaskResult:
         tool_calls=report.tool_calls,
         tokens=report.usage.total_tokens,
         cost=report.cost,
+        output=json.loads(report.answer) if typed and report.answer is not None else None,
+        output_name=report.output_name,
     )
