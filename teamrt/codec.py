@@ -22,25 +22,27 @@ Two differences remain, both out of reach of a validated envelope: an `orjson.Fr
 is written as its raw bytes (pydantic refuses it), and a string field given another type through
 model_copy or model_construct is written as pydantic writes it, without pydantic's warning.
 
-`decode_fields` is the typed bulk read: it parses a line with orjson, checks every field against
-the same rules as the pydantic models (`Message`, `Request`, `Response`, `Broadcast`: names,
-literal kinds, string lengths, finite times, required `in_reply_to` on responses, extra fields
-ignored) and the body against its registered payload model, and returns an `EnvelopeFields`
-tuple, without building an envelope. Only the lines teamrt writes, and lines like them, take this
-path; anything it does not accept as it stands (a JSON error, a missing or mistyped field, a value
-pydantic would coerce such as `"seq": "5"` or `"ts": 5`, a number orjson and pydantic could parse
-differently, a missing `id` or `ts`) is handed to pydantic, which decides exactly as
-`teamrt.mail.log.decode_line` does and gives the same reason for a rejection. So a line is
-accepted or refused, with the same reason, exactly as `decode_line` would; rejections (quarantined
-lines) are rare and may cost what they cost today.
+`decode_fields` is the typed bulk read. msgspec parses a line straight into an `EnvelopeFields`
+record (a frozen msgspec struct, built in C and not tracked by the garbage collector), checking
+each field's type, the literal kinds and the string lengths as it parses; the rest of the models'
+rules are checked after (names, `*` only on broadcasts, `in_reply_to` on responses, the body
+against its registered payload model). Only the lines teamrt writes, and lines like them, take
+this path: anything it does not accept as it stands (a JSON error, a missing, extra or mistyped
+field, a value pydantic would coerce such as `"seq": "5"`, a time beyond 2**53, a long line
+nested deeper than pydantic reads) goes to the checked path, which parses with orjson and checks
+every field long-hand, and from there whatever it cannot decide goes to pydantic, which decides
+exactly as `teamrt.mail.log.decode_line` does and gives the same reason for a rejection. So a
+line is accepted or refused, with the same reason, exactly as `decode_line` would; rejections
+(quarantined lines) are rare and may cost what they cost today.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, Final, NamedTuple, NoReturn, TypeAlias
+from typing import Annotated, Any, Final, Literal, NoReturn, TypeAlias
 
+import msgspec
 import orjson
 from pydantic import BaseModel, ValidationError
 
@@ -51,6 +53,8 @@ from teamrt.envelopes import (
     Message,
     Request,
     Response,
+    _payloads,
+    check_finite,
     payload_model,
 )
 from teamrt.names import NAME_PATTERN
@@ -116,6 +120,13 @@ def encode_with_pydantic(envelope: Envelope) -> bytes:
     return data[data.index(b'"v":') :]
 
 
+def _by_serializer(envelope: Envelope, finite: bool) -> bytes:
+    encoded = encode_with_pydantic(envelope)
+    if finite:
+        check_finite(envelope, encoded)
+    return encoded
+
+
 def _plain_and_finite(container: dict[str, Any] | list[Any] | tuple[Any, ...]) -> bool:
     """True if `container` holds only JSON data (dicts, lists, tuples, str, int, bool, None) and
     finite floats: then orjson's `null`s in it stand for None, never for NaN or Infinity."""
@@ -134,9 +145,13 @@ def _plain_and_finite(container: dict[str, Any] | list[Any] | tuple[Any, ...]) -
     return True
 
 
-def encode(envelope: Envelope) -> bytes:
+def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
     """The envelope's fields after `seq` and `team` (which `log.stamp` fills in), as compact JSON
-    without the opening brace and without a newline: byte for byte what pydantic writes."""
+    without the opening brace and without a newline: byte for byte what pydantic writes.
+
+    `finite=True` refuses an envelope holding NaN or Infinity (`InvalidEnvelope`, as
+    `check_finite`), which the orjson path has ruled out already: only pydantic's output is
+    searched."""
     # pydantic keeps the fields in `__dict__` in their declared order (validation, model_copy
     # and model_construct all do); a 15th key is something model_copy was given: not ours to write
     fields = envelope.__dict__
@@ -152,7 +167,7 @@ def encode(envelope: Envelope) -> bytes:
             try:
                 data = _dumps(fields, default=_refuse, option=_OPTIONS)
             except orjson.JSONEncodeError:
-                return encode_with_pydantic(envelope)
+                return _by_serializer(envelope, finite)
             body = fields["body"]
             kind = type(body)
             if kind is dict or kind is list or kind is tuple:
@@ -162,42 +177,46 @@ def encode(envelope: Envelope) -> bytes:
                 if (
                     len(data) <= _WALK_BELOW or data.find(b"null", data.find(b',"body":')) >= 0
                 ) and not _plain_and_finite(body):
-                    return encode_with_pydantic(envelope)
+                    return _by_serializer(envelope, finite)
             elif kind is float and not -_INF < body < _INF:
-                return encode_with_pydantic(envelope)
+                return _by_serializer(envelope, finite)
             # seq and team come first, and a '"v":' can only be a key
             if data.startswith(b'{"seq":null,"team":null,'):
                 return data[24:]
             return data[data.index(b'"v":') :]
-    return encode_with_pydantic(envelope)
+    return _by_serializer(envelope, finite)
 
 
 # --- decoding ---------------------------------------------------------------------------------
 
 
-class EnvelopeFields(NamedTuple):
+class EnvelopeFields(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """The fields of one decoded envelope line, with no pydantic model built.
 
-    A read-only, slotted record (a named tuple): the same attribute names and values as the
-    envelope `decode_line` returns, plus `fields_set` (the fields the line carried, as
-    `model_fields_set`). `to_envelope()` builds that envelope.
+    A read-only, slotted record: the same attribute names and values as the envelope
+    `decode_line` returns, plus `fields_set` (the fields the line carried, as
+    `model_fields_set`). `to_envelope()` builds that envelope. Records compare equal when their
+    fields do. Not tracked by the garbage collector (a batch of thousands costs its passes
+    nothing); a record never refers back to itself, so nothing it holds can leak.
     """
 
     seq: int
     team: str | None
     v: int
-    id: str
-    kind: str
-    type: str
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    kind: Literal["message", "request", "response", "broadcast"]
+    type: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
     sender: str
     recipient: str
     in_reply_to: str | None
     trace_id: str | None
-    traceparent: str | None
+    traceparent: Annotated[str, msgspec.Meta(max_length=128)] | None
     ts: float
     deadline: float | None
     body: Any
-    fields_set: frozenset[str]
+    # not a field of the line: one that carries a `fields_set` key (an extra field, which the
+    # models ignore) is decoded the checked way, told by this default not being kept
+    fields_set: frozenset[str] = _ALL_FIELDS
 
     @property
     def is_error(self) -> bool:
@@ -206,42 +225,25 @@ class EnvelopeFields(NamedTuple):
 
     def to_envelope(self) -> Message | Request | Response | Broadcast:
         """The pydantic envelope, equal to what `decode_line` returns for the same line."""
-        (
-            seq,
-            team,
-            v,
-            identifier,
-            kind,
-            type_name,
-            sender,
-            recipient,
-            in_reply_to,
-            trace_id,
-            traceparent,
-            ts,
-            deadline,
-            body,
-            fields_set,
-        ) = self
         return _construct(
-            _CLASS_BY_KIND[kind],
+            _CLASS_BY_KIND[self.kind],
             {
-                "seq": seq,
-                "team": team,
-                "v": v,
-                "id": identifier,
-                "kind": kind,
-                "type": type_name,
-                "sender": sender,
-                "recipient": recipient,
-                "in_reply_to": in_reply_to,
-                "trace_id": trace_id,
-                "traceparent": traceparent,
-                "ts": ts,
-                "deadline": deadline,
-                "body": body,
+                "seq": self.seq,
+                "team": self.team,
+                "v": self.v,
+                "id": self.id,
+                "kind": self.kind,
+                "type": self.type,
+                "sender": self.sender,
+                "recipient": self.recipient,
+                "in_reply_to": self.in_reply_to,
+                "trace_id": self.trace_id,
+                "traceparent": self.traceparent,
+                "ts": self.ts,
+                "deadline": self.deadline,
+                "body": self.body,
             },
-            fields_set,
+            self.fields_set,
         )
 
 
@@ -310,8 +312,10 @@ def _valid_name(name: str) -> bool:
 # line goes to pydantic; so does an int time that a float might not represent exactly
 _BIG: Final = 2.0**63
 _EXACT: Final = 2**53
-# pydantic's JSON parser refuses nesting deeper than 200 levels (orjson's limit is 1024)
+# pydantic's JSON parser refuses nesting deeper than 201 levels (orjson's limit is 1024)
 _MAX_DEPTH: Final = 128
+# a line shorter than this cannot nest deeper than pydantic reads (202 levels take 404 bytes)
+_SHALLOW_BELOW: Final = 404
 
 
 def _parsed_alike(value: Any, depth: int) -> bool:
@@ -369,7 +373,6 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "deadline": None,
     "body": None,
 }
-_new_fields = tuple.__new__
 
 
 def _fields(obj: dict[str, Any], fields_set: frozenset[str] = _ALL_FIELDS) -> Any:
@@ -451,25 +454,22 @@ def _fields(obj: dict[str, Any], fields_set: frozenset[str] = _ALL_FIELDS) -> An
         refused = _payload_reason(registered, body)
         if refused is not None:
             return refused
-    return _new_fields(
-        EnvelopeFields,
-        (
-            seq,
-            team,
-            v,
-            identifier,
-            kind,
-            type_name,
-            sender,
-            recipient,
-            in_reply_to,
-            trace_id,
-            traceparent,
-            ts,
-            deadline,
-            body,
-            fields_set,
-        ),
+    return EnvelopeFields(
+        seq,
+        team,
+        v,
+        identifier,
+        kind,
+        type_name,
+        sender,
+        recipient,
+        in_reply_to,
+        trace_id,
+        traceparent,
+        ts,
+        deadline,
+        body,
+        fields_set,
     )
 
 
@@ -487,10 +487,48 @@ def _by_pydantic(line: bytes) -> EnvelopeFields | str:
         if refused is not None:
             return refused
     values = envelope.__dict__
-    return _new_fields(
-        EnvelopeFields,
-        (*[values[name] for name in FIELD_NAMES], frozenset(envelope.model_fields_set)),
+    return EnvelopeFields(
+        **{name: values[name] for name in FIELD_NAMES},
+        fields_set=frozenset(envelope.model_fields_set),
     )
+
+
+_typed_decode: Final = msgspec.json.Decoder(EnvelopeFields).decode
+_payload_for: Final = _payloads.get  # payload_model(), without its call
+
+
+def _typed(line: bytes) -> EnvelopeFields | str | None:
+    """The fast path: msgspec parses the line straight into an `EnvelopeFields`, checking types,
+    kinds and lengths as it goes; what it cannot express is checked here. None when the line
+    must go the checked way (any error, an extra or missing field, a time beyond 2**53)."""
+    try:
+        fields = _typed_decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    sender, recipient, kind = fields.sender, fields.recipient, fields.kind
+    if (sender not in _valid_names and not _valid_name(sender)) or (
+        recipient != "*"
+        if kind == "broadcast"
+        else recipient not in _valid_names and not _valid_name(recipient)
+    ):
+        return None
+    if kind == "response":
+        in_reply_to = fields.in_reply_to
+        if in_reply_to is None or not 0 < len(in_reply_to) <= 64:
+            return None
+    deadline = fields.deadline
+    if (
+        not -_EXACT <= fields.ts <= _EXACT
+        or (deadline is not None and not -_EXACT <= deadline <= _EXACT)
+        or fields.fields_set is not _ALL_FIELDS
+    ):
+        return None
+    registered = _payload_for(fields.type)
+    if registered is not None:
+        refused = _payload_reason(registered, fields.body)
+        if refused is not None:
+            return refused
+    return fields
 
 
 def decode_fields(line: bytes) -> EnvelopeFields | str:
@@ -499,12 +537,18 @@ def decode_fields(line: bytes) -> EnvelopeFields | str:
     Accepts and refuses exactly the lines `decode_line` does, with the same reason strings;
     `.to_envelope()` on the result equals `decode_line(line)`.
     """
+    # pydantic refuses nesting deeper than 201 levels, msgspec goes deeper: a short line, or one
+    # with few brackets (every line teamrt writes for a plain body), cannot nest that deep
+    if len(line) < _SHALLOW_BELOW or line.count(b"{") + line.count(b"[") <= _MAX_DEPTH:
+        decoded = _typed(line)
+        if decoded is not None:
+            return decoded
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
         return _by_pydantic(line)
     if type(obj) is dict:
-        decoded: EnvelopeFields | str | None = _fields(obj)
-        if decoded is not None:
-            return decoded
+        checked: EnvelopeFields | str | None = _fields(obj)
+        if checked is not None:
+            return checked
     return _by_pydantic(line)

@@ -30,6 +30,9 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     ├── LimitExceeded                        an agent hit one of its limits (a clean stop)
     ├── StopRequested                        an agent was asked to stop (e.g. team shutdown)
     ├── ToolCrashed                          a tool raised SystemExit or another BaseException
+    ├── MCPServerError                       an MCP server could not be started, reached or listed
+    ├── OutputError                          a typed answer was asked for and none came
+    │   └── InvalidOutput                    the answer did not validate (twice, or at the lead)
     └── ModelError                           the model service failed or answered nonsense
         ├── ModelRequestsBlocked             a real model call while they are switched off
         ├── MissingAPIKey                    no API key in the arguments or the environment
@@ -191,11 +194,36 @@ class Deadlock(TeamrtError):
     waiting for its timeout."""
 
 
+class MCPServerError(TeamrtError):
+    """An MCP server could not be started (a bad command), reached (nothing at the URL, a
+    refused header) or asked for its tools in time. Failures after that are data for the model
+    (see `teamrt.agents.mcp_tools`), never raised."""
+
+
 class ToolCrashed(TeamrtError):
     """A tool raised a `BaseException` that is not cancellation (`SystemExit`, a custom one):
     not data for the model but a crash of the agent running it (a teammate's crash is reported
     and handled by its restart policy; nothing else in the team stops). The original exception
     is the `__cause__`."""
+
+
+class OutputError(TeamrtError):
+    """A typed answer was asked for (`team.ask(..., output_type=...)`) and the task ended
+    without one: it stopped for another reason (a limit, a model error), or the teammate
+    answered with text (it declares no `output_type`). `stop_reason` and `detail` say how the
+    task ended; `result` is the whole `TaskResult`."""
+
+    def __init__(self, message: str, *, stop_reason: str, detail: str, result: object) -> None:
+        super().__init__(message)
+        self.stop_reason = stop_reason
+        self.detail = detail
+        self.result = result
+
+
+class InvalidOutput(OutputError):
+    """The typed answer did not validate: the model's answer failed twice (the first error
+    went back to it once; the run stopped as `invalid_output`), or the value a teammate sent
+    does not match the type the lead asked for. The message has the validation errors."""
 
 
 class RemoteError(TeamrtError):

@@ -6,6 +6,10 @@ run for real (that is what a code change touches); messaging tools, which would 
 teammates, return what they returned in the recording. The first step whose conversation differs
 is reported, so a change can be checked against a recorded run without any model call.
 
+A typed agent's recording says whether its calls held the model to the answer's schema
+(structured output); the recorded model claims the same, so the re-run asks for the answer the
+same way (or through the same final-answer tool) and validates it again.
+
 Given a model as well (`rerun(..., model=...)`, and `rerun_team` for every agent of a team), each
 step also asks that model, with the same conversation, and compares its reply with the recorded
 one: the first step where the new model would have done something else is the divergence. The
@@ -18,15 +22,23 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ConfigDict, TypeAdapter, create_model
 
 from teamrt.agents.loop import Agent
+from teamrt.agents.output import OutputType
 from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool, tool
 from teamrt.errors import ModelError, UsageError
-from teamrt.models.base import ChatMessage, Model, ModelReply, ToolSpec
+from teamrt.models.base import (
+    ChatMessage,
+    Model,
+    ModelReply,
+    OutputSpec,
+    StructuredOutputModel,
+    ToolSpec,
+)
 
 if TYPE_CHECKING:
     from teamrt.team.config import Teammate
@@ -39,6 +51,8 @@ MESSAGING = ("send_message", "wait_for_messages", "request", "reply", "broadcast
 class Step:
     context: list[ChatMessage]  # what the model was sent
     reply: ModelReply
+    output: OutputSpec | None = None  # a typed run's answer schema
+    structured: bool = False  # the call held the model to it (else: the final-answer tool)
 
 
 def load_transcript(path: Path) -> list[Step]:
@@ -51,7 +65,15 @@ def load_transcript(path: Path) -> list[Step]:
         record = json.loads(line)
         sent = _MESSAGES.validate_python(record["sent"])
         context = sent if record.get("context") == "replaced" else [*context, *sent]
-        steps.append(Step(list(context), ModelReply.model_validate(record["reply"])))
+        output = record.get("output")
+        steps.append(
+            Step(
+                list(context),
+                ModelReply.model_validate(record["reply"]),
+                OutputSpec.model_validate(output) if output is not None else None,
+                record.get("answer_by") == "structured_output",
+            )
+        )
     return steps
 
 
@@ -92,8 +114,9 @@ def _same_reply(a: ChatMessage, b: ChatMessage) -> bool:
 
 
 class RecordedModel:
-    """Answers from a recording, and checks the conversation at every call; with `live`, also
-    asks that model and checks that it replies as recorded."""
+    """Answers from a recording, and checks the conversation at every call. It does
+    structured output when the recorded calls did (a typed agent's, on such a model). With
+    `live`, it also asks that model and checks that it replies as recorded."""
 
     def __init__(
         self, steps: list[Step], name: str = "recorded", live: Model | None = None
@@ -102,14 +125,23 @@ class RecordedModel:
         self.calls = 0
         self._name = name
         self.live = live
+        self._structured = any(step.structured for step in steps)
         self.divergence: Divergence | None = None
 
     @property
     def name(self) -> str:
         return self._name
 
+    @property
+    def structured_output(self) -> bool:
+        return self._structured
+
     async def complete(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        output: OutputSpec | None = None,
     ) -> ModelReply:
         step = self.calls + 1
         if self.calls >= len(self.steps):
@@ -125,7 +157,15 @@ class RecordedModel:
             self.divergence = Divergence(step, difference)
             raise self.divergence
         if self.live is not None:
-            now = (await self.live.complete(messages, tools)).as_message()
+            live = self.live
+            if (
+                output is not None
+                and isinstance(live, StructuredOutputModel)
+                and live.structured_output
+            ):
+                now = (await live.complete(messages, tools, output=output)).as_message()
+            else:
+                now = (await live.complete(messages, tools)).as_message()
             if not _same_reply(recorded.reply.as_message(), now):
                 self.divergence = Divergence(
                     step,
@@ -197,11 +237,13 @@ async def rerun(
     instructions: str,
     task: str | None = None,
     *,
+    output_type: Any = None,
     model: Model | None = None,
 ) -> tuple[RunReport | None, Divergence | None, int]:
     """Re-run agent `name` from `directory` (its agents/ folder). Returns the report, the
-    divergence if any, and the number of recorded steps. With `model`, each step's reply from
-    that model must also match the recorded one."""
+    divergence if any, and the number of recorded steps. `output_type`: the agent's (a typed
+    teammate's), so that its answers are asked for and validated as they were. With `model`,
+    each step's reply from that model must also match the recorded one."""
     path = directory / f"{name}.transcript.jsonl"
     if not path.exists():
         raise UsageError(f"no transcript at {path}")
@@ -226,6 +268,13 @@ async def rerun(
         keep_context=True,
         inbound=_RecordedMail(steps, recorded),
     )
+    typed = OutputType(output_type) if output_type is not None else None
+
+    def recorded_typing() -> None:  # a teammate's tasks are typed, its rounds of mail not
+        step = steps[recorded.calls] if recorded.calls < len(steps) else None
+        agent.output_type = typed if step is not None and step.output is not None else None
+
+    recorded_typing()
     report = await agent.run(task)
     # a teammate's conversation carries across tasks: each later task (or round of mail) is the
     # user message that opens the next recorded call
@@ -233,6 +282,7 @@ async def rerun(
         opening = steps[recorded.calls].context[len(agent.state.messages) :]
         if not opening or opening[0].role != "user":
             break
+        recorded_typing()
         report = await agent.run(opening[0].content or "")
     divergence = recorded.divergence
     if divergence is None and recorded.calls < len(steps):
@@ -285,7 +335,12 @@ async def rerun_team(
         model = teammate.make_model() if models else None
         try:
             report, divergence, steps = await rerun(
-                directory, name, tools, teammate.instructions, model=model
+                directory,
+                name,
+                tools,
+                teammate.instructions,
+                output_type=teammate.typed,
+                model=model,
             )
         finally:
             close = getattr(model, "aclose", None)

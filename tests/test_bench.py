@@ -1,6 +1,6 @@
 """`teamrt bench` as something to trust: rounds with ranges, CPU time per operation, the load in
-the header, a run saved and compared, the lean os.pipe child, the backlog written as real
-segments. Sizes are tiny and nothing here asserts how fast anything was."""
+the header, a run saved and compared, the lean os.pipe child, the raw inotify floor, the backlog
+written as real segments. Sizes are tiny and nothing here asserts how fast anything was."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from teamrt import FileMailboxes
-from teamrt.cli import bench_stats
+from teamrt.cli import bench_inotify, bench_stats
 from teamrt.cli.bench import PIPE_CHILD, PipeChild, Sizes, _write_segments
 from teamrt.cli.bench_stats import Figure
 from teamrt.envelopes import Envelope
@@ -216,6 +216,86 @@ async def test_the_pipe_child_says_it_is_ready_then_echoes_and_wakes() -> None:
     async with PipeChild("wake") as wake:
         assert len(await wake.wakes(3, 0.001)) == 3
         assert len(await wake.wakes(2, 0.001)) == 2  # each report holds the wakes since the last
+
+
+# --- the round-trip floor: a minimal mailbox on raw inotify --------------------------------
+
+
+def _stdlib_imports(path: Path) -> set[str]:
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module is not None
+            imported.add(node.module.split(".")[0])
+    return imported
+
+
+def test_the_inotify_child_imports_only_the_standard_library() -> None:
+    imported = _stdlib_imports(bench_inotify.CHILD)
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+    assert "teamrt" not in imported and "anyio" not in imported
+
+
+async def test_the_inotify_floor_answers_requests_and_says_its_cpu(tmp_path: Path) -> None:
+    async with bench_inotify.InotifyChild(tmp_path / "floor") as floor:
+        before = await floor.cpu()
+        assert await floor.request({"echo": [1, 2]}) == {"echo": [1, 2]}
+        times = await floor.ping_pong(5)
+        assert len(times) == 5 and all(t > 0 for t in times)
+        assert await floor.cpu() >= before
+    assert floor.proc is not None and floor.proc.returncode == 0  # it stopped when asked
+    # what went through it is a mailbox: one JSON line per message in each inbox, none lost
+    requests = (tmp_path / "floor" / "echo.jsonl").read_bytes().splitlines()
+    answers = (tmp_path / "floor" / "lead.jsonl").read_bytes().splitlines()
+    assert len(requests) == 1 + 1 + 5 + 1 + 1  # cpu, one, five, cpu, stop
+    assert len(answers) == 1 + 1 + 1 + 5 + 1  # ready, then each request's answer
+    assert [json.loads(line)["reply_to"] for line in answers[1:]] == [
+        json.loads(line)["id"] for line in requests[:-1]
+    ]
+
+
+async def test_a_raw_mailbox_reads_a_line_written_in_pieces(tmp_path: Path) -> None:
+    bench_inotify.RawMailbox.create(tmp_path, "a", "b")
+    a, b = bench_inotify.RawMailbox(tmp_path, "a"), bench_inotify.RawMailbox(tmp_path, "b")
+    got: list[dict[str, object]] = []
+
+    async def receive() -> None:
+        got.append(await b.receive())
+
+    try:
+        with (tmp_path / "b.jsonl").open("ab", buffering=0) as f:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receive)
+                f.write(b'{"n": ')  # half a line wakes the reader, which keeps it for later
+                await anyio.sleep(0.01)
+                f.write(b"1}\n")
+        a.send("b", {"n": 2})
+        assert got == [{"n": 1}] and await b.receive() == {"n": 2}
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.timeout(240)
+def test_the_round_trip_is_judged_against_the_inotify_floor(tmp_path: Path) -> None:
+    result = bench("--only", "round_trips", "--json", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    figures = {f["name"]: f for f in json.loads(result.stdout)["figures"]}
+    floor = figures["request -> response, p50, against a minimal mailbox on raw inotify"]
+    assert floor["baseline"] == "raw inotify mailbox round trip, p50"
+    assert len(floor["baseline_samples"]) == 2 and floor["baseline_value"] > 0
+    assert floor["ratio"] == pytest.approx(floor["value"] / floor["baseline_value"])
+    assert floor["target"] == "<= 1.3x the floor" and floor["ok"] is not None
+    assert floor["value"] == figures["request -> response across processes, p50"]["value"]
+    for side in ("requesting", "answering"):
+        cpu = figures[f"request -> response: CPU per exchange, {side} process, against the floor"]
+        assert len(cpu["baseline_samples"]) == 2 and cpu["baseline_value"] > 0
+    table = bench("--only", "round_trips", "--dir", str(tmp_path))
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if "raw inotify mailbox" in line)
+    assert "x  <= 1.3x the floor" in row  # the ratio, then the target
 
 
 # --- the backlog as real segments ------------------------------------------------------------

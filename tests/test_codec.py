@@ -523,6 +523,13 @@ _GOOD = _line(Envelope.message("lead", "worker", {"i": 1}), 3)
         b'"extra":' + b"[" * 210 + b"]" * 210 + b"}",
         _GOOD,
         _GOOD + b" ",
+        _GOOD[:-1] + b',"fields_set":["x"]}',
+        _GOOD[:-1] + b',"fields_set":null}',
+        _GOOD.replace(b'{"i":1}', b"[" * 60 + b"1" + b"]" * 60),  # short: no bracket count
+        _GOOD.replace(b'{"i":1}', b"[" * 129 + b"]" * 129),
+        _GOOD.replace(b'{"i":1}', b"[" * 201 + b"]" * 201),
+        _GOOD.replace(b'{"i":1}', b"[" * 202 + b"]" * 202),
+        _GOOD.replace(b'"ts":', b'"ts":9007199254740993,"x":'),
         _GOOD[:-1] + b',"sig":"00"}',
         _GOOD[:-1],
         _GOOD.replace(b'"worker"', b'"../etc"'),
@@ -569,3 +576,20 @@ def test_the_remembered_names_stay_bounded() -> None:
         fields = decode_fields(line)
         assert isinstance(fields, EnvelopeFields) and fields.sender == f"sender-{i}"
     assert 0 < len(codec._valid_names) <= codec._VALID_NAMES_KEPT
+
+
+def test_the_lines_teamrt_writes_are_decoded_in_one_typed_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lines = [_line(e, i, "bench") for i, e in enumerate(bench_envelopes(200))]
+    lines.append(_line(Envelope.error(Envelope.request("a", "b", 1), "E", "m"), 3))
+    lines.append(_line(Envelope.broadcast("lead", {"x": [1, 2.5, None]}), 4))
+    expected = [assert_decodes_alike(line) for line in lines]
+    monkeypatch.setattr(codec, "_fields", None)  # neither the checked path
+    monkeypatch.setattr(codec, "_by_pydantic", None)  # nor pydantic
+    got = [decode_fields(line) for line in lines]
+    assert got == expected
+    # records are immutable and not tracked by the garbage collector
+    import gc
+
+    assert all(isinstance(f, EnvelopeFields) and not gc.is_tracked(f) for f in got)

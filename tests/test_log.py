@@ -15,6 +15,7 @@ from teamrt.mail.log import (
     decode_line,
     encode,
     stamp,
+    stamp_many,
 )
 
 TEAM = b"team"
@@ -160,3 +161,12 @@ def test_cursor_slots_survive_a_torn_write() -> None:
     too_big = Cursor(0, 0, -1, tuple(f"{i:030d}" for i in range(200)))
     assert encode_slot(too_big, 1, 4096) is None
     assert encode_slot(too_big, 1, 16384) is not None
+
+
+@given(
+    st.lists(st.binary(max_size=20).map(lambda b: b.replace(b"\n", b" ")), max_size=6),
+    st.integers(min_value=0, max_value=2**40),
+)
+def test_stamp_many_writes_the_lines_stamp_writes(items: list[bytes], first: int) -> None:
+    expected = b"".join(stamp(item, first + i, b"team-1") for i, item in enumerate(items))
+    assert stamp_many(items, first, b"team-1") == expected

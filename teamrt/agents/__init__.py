@@ -13,12 +13,15 @@ from teamrt.agents.loop import (
     ToolCallStarted,
     decide,
 )
+from teamrt.agents.mcp_tools import MCPConnection, MCPTool, MCPTools
 from teamrt.agents.memory import Compacted, Memory
 from teamrt.agents.messaging import messaging_tools
+from teamrt.agents.output import FINAL_TOOL, OutputType
 from teamrt.agents.state import AgentState, RunReport, Stop
 from teamrt.agents.tools import Tool, Toolbox, ToolResult, current_call_id, tool
 
 __all__ = [
+    "FINAL_TOOL",
     "PRICES",
     "PRICES_DATE",
     "Agent",
@@ -29,8 +32,12 @@ __all__ = [
     "Compacted",
     "Inbound",
     "Limits",
+    "MCPConnection",
+    "MCPTool",
+    "MCPTools",
     "Malformed",
     "Memory",
+    "OutputType",
     "RunReport",
     "Stop",
     "Tool",

@@ -14,9 +14,8 @@ The journal (`<agent>.state.jsonl`) has one JSON line per event:
 Every line carries `ts`, when it was written. The journal a task start replaces is kept as
 `<agent>.state.prev.jsonl`, so that the agent's state at any moment of its current or previous
 task can be rebuilt (`teamrt fork`). Replaying the lines rebuilds the state, so a long run never
-rewrites its history. A crash loses at
-most the call in progress: a resumed run re-runs only the tool calls of the last reply that have no
-`result` line, with the same call ids. The transcript (`<agent>.transcript.jsonl`) records every
+rewrites its history. A crash loses at most the call in progress: a resumed run re-runs only the
+tool calls of the last reply that have no `result` line, with the same call ids. The transcript (`<agent>.transcript.jsonl`) records every
 model call: the messages sent since the previous call and the reply, enough to replay a run
 without the model.
 """
@@ -34,7 +33,7 @@ from pydantic import TypeAdapter
 
 from teamrt.agents.state import AgentState, OpenStep, Stop
 from teamrt.errors import StoreError
-from teamrt.models.base import ChatMessage, ModelReply, Usage
+from teamrt.models.base import ChatMessage, ModelReply, OutputSpec, Usage
 
 _MESSAGES = TypeAdapter(list[ChatMessage])
 _SCALARS = {
@@ -44,6 +43,7 @@ _SCALARS = {
     "consecutive_errors",
     "stale_steps",
     "nudges",
+    "output_errors",
     "cost",
     "cost_known",
     "elapsed",
@@ -342,20 +342,30 @@ class Transcript:
         self._sent = 0
 
     def record(
-        self, step: int, messages: list[ChatMessage], reply: ModelReply, context_replaced: bool
+        self,
+        step: int,
+        messages: list[ChatMessage],
+        reply: ModelReply,
+        context_replaced: bool,
+        output: OutputSpec | None = None,
+        structured: bool = False,
     ) -> None:
+        """One model call: the messages sent since the last, the reply, and for a typed run
+        the answer's schema and whether the model was held to it (`structured`) or offered
+        the final-answer tool."""
         if context_replaced or self._sent > len(messages):
             self._sent = 0
         whole = self._sent == 0
         new = messages[self._sent :]
         self._sent = len(messages)
-        _append_line(
-            self.path,
-            {
-                "step": step,
-                "ts": time.time(),
-                "context": "replaced" if whole else "appended",
-                "sent": [m.model_dump(mode="json", exclude_defaults=True) for m in new],
-                "reply": reply.model_dump(mode="json", exclude_defaults=True),
-            },
-        )
+        record: dict[str, Any] = {
+            "step": step,
+            "ts": time.time(),
+            "context": "replaced" if whole else "appended",
+            "sent": [m.model_dump(mode="json", exclude_defaults=True) for m in new],
+            "reply": reply.model_dump(mode="json", exclude_defaults=True),
+        }
+        if output is not None:
+            record["output"] = output.model_dump(mode="json")
+            record["answer_by"] = "structured_output" if structured else "tool"
+        _append_line(self.path, record)

@@ -9,6 +9,12 @@ comes, so a resumed run re-runs only the calls that had not finished, with the s
 Results go back to the model in call order. A malformed reply gets one corrective nudge; a second
 in a row stops the run. Every way out of the loop produces a `RunReport`.
 
+A typed agent (`output_type=...`) asks for its answer as JSON that matches the type's schema:
+through the model's structured output when the model says it does (`StructuredOutputModel`), or
+else through a `final_answer` tool whose parameters are the schema. An answer that does not
+validate goes back to the model once, as data (the tool's error result, or a user message with
+the errors); a second one stops the run as `invalid_output`.
+
 With `keep_context=True` (a teammate) the conversation carries across `run()` calls: each task
 is appended to it, the counters and limits are per task, and memory keeps it within budget.
 
@@ -27,7 +33,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import anyio
 
@@ -35,6 +41,7 @@ from teamrt import telemetry
 from teamrt.agents.journal import Journal, Transcript
 from teamrt.agents.limits import PRICES, Limits, cost_of, price_of
 from teamrt.agents.memory import Memory, context_tokens
+from teamrt.agents.output import FINAL_TOOL, Accepted, OutputType, Rejected
 from teamrt.agents.state import HANDLED_MEMORY, AgentState, OpenStep, RunReport, Stop
 from teamrt.agents.tools import Tool, Toolbox, ToolResult, cancelled_for_real
 from teamrt.errors import LimitExceeded, ModelError, StopRequested, UsageError
@@ -42,7 +49,10 @@ from teamrt.models.base import (
     ChatMessage,
     Model,
     ModelReply,
+    OutputSpec,
     StreamingModel,
+    StructuredOutputModel,
+    StructuredStreamingModel,
     TextDelta,
     ToolCall,
     Usage,
@@ -57,7 +67,30 @@ CONTINUE = (
 )
 NUDGE = (
     "Your last reply could not be used: {reason}. Reply with a valid tool call (arguments "
-    "must be a JSON object matching the tool's schema) or with your final answer as text."
+    "must be a JSON object matching the tool's schema) or with {answer}."
+)
+#: How a nudge asks for the answer: untyped, typed with structured output, typed with the tool.
+ANSWER_AS_TEXT = "your final answer as text"
+ANSWER_AS_JSON = "your final answer as JSON matching the required schema"
+ANSWER_BY_TOOL = f"a call of {FINAL_TOOL} with your final answer"
+#: The user message that gives a rejected typed answer back to the model (structured output).
+REJECTED = (
+    "Your answer does not match the required {name} schema: {errors}. Reply with the corrected "
+    "answer: only JSON that matches the schema."
+)
+#: The same, to a model that was to answer through the final-answer tool and wrote text.
+REJECTED_TEXT = (
+    "Give your final answer by calling " + FINAL_TOOL + " with arguments that match its "
+    "schema ({name}); your reply was not such a call and its text is not a valid answer: "
+    "{errors}."
+)
+#: Typed answers rejected in one task that go back to the model; the next one stops the run.
+OUTPUT_RETRIES = 1
+#: The result of an accepted final-answer call, and of the other calls of its reply (not run).
+ACCEPTED = {"ok": "answer accepted"}
+NOT_RUN_ENDED = "NotRun: the final answer ended the task"
+NOT_RUN_BESIDE = (
+    "NotRun: calls beside a final answer are not run; make them again if they are still needed"
 )
 
 
@@ -221,6 +254,9 @@ class Agent:
     iterator. `call_id_prefix`: tools see `current_call_id()` as `<prefix>:<step>.<n>` (the n-th
     call of that step) instead of the model's id, so a run repeated from the start (a sub-agent
     whose delegate call is re-run after a crash) gives each call the same key as the first time.
+    `output_type`: a typed answer (a pydantic model, or any type a pydantic `TypeAdapter`
+    takes, such as a dataclass, a TypedDict or `list[int]`): the report's `output` is the
+    validated value (see the module docstring); it may be changed between runs.
     """
 
     def __init__(
@@ -244,6 +280,7 @@ class Agent:
         max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS,
         call_id_prefix: str | None = None,
         on_event: EventSink | None = None,
+        output_type: Any = None,
     ) -> None:
         self.name = name
         if inbound is None and on_step is not None:
@@ -269,7 +306,39 @@ class Agent:
         self.transcript = Transcript(transcript) if transcript is not None else None
         self.clock = clock
         self.state: AgentState | None = None
+        self._output: OutputType | None = None
+        self._accepted: Accepted | None = None  # the last answer accepted, with its value
+        self._takes_schema: tuple[Model | None, bool] = (None, False)  # model, structured?
+        self.output_type = output_type
         self._check_priced(model.name)
+
+    @property
+    def output_type(self) -> Any:
+        """The type of the answer (None: an untyped agent, whose answer is text)."""
+        return self._output.type if self._output is not None else None
+
+    @output_type.setter
+    def output_type(self, value: Any) -> None:
+        if value is None:
+            self._output = None
+            return
+        if FINAL_TOOL in self.toolbox:
+            raise UsageError(
+                f"agent {self.name!r} has a tool named {FINAL_TOOL!r}, the name of a typed "
+                "agent's answer tool: rename the tool"
+            )
+        self._output = value if isinstance(value, OutputType) else OutputType(value)
+
+    def _structured(self) -> OutputSpec | None:
+        """The answer's schema for the model, when this run is typed and the model takes it
+        as structured output (otherwise a typed run offers the final-answer tool)."""
+        if self._output is None:
+            return None
+        model = self.model
+        if self._takes_schema[0] is not model:  # a protocol check costs ~30 us: once a model
+            takes = isinstance(model, StructuredOutputModel) and model.structured_output
+            self._takes_schema = (model, takes)
+        return self._output.spec if self._takes_schema[1] else None
 
     def _check_priced_now(self) -> None:
         """A shared cost budget may become known after this agent was made (a member in
@@ -477,6 +546,9 @@ class Agent:
         self.state = state
         started, elapsed_before = self.clock(), state.elapsed
         specs = self.toolbox.specs
+        output = self._structured()
+        if self._output is not None and output is None:
+            specs = [*specs, self._output.tool_spec]
 
         def elapsed() -> float:
             return elapsed_before + self.clock() - started
@@ -508,11 +580,14 @@ class Agent:
             replaced = await self._compact_in_time(state)
             if state.stop is not None:
                 break
-            reply = await self._call_model(state, specs, elapsed)
+            reply = await self._call_model(state, specs, output)
             if reply is None:
                 break
             if self.transcript is not None:
-                self.transcript.record(state.steps + 1, state.messages, reply, replaced)
+                typed = self._output.spec if self._output is not None else None
+                self.transcript.record(
+                    state.steps + 1, state.messages, reply, replaced, typed, output is not None
+                )
             await self._charge(state, reply.usage, self.model.name)
             state.steps += 1
             open_step = OpenStep(reply=reply.as_message(), finish_reason=reply.finish_reason)
@@ -642,7 +717,7 @@ class Agent:
         return max(0.0, left), passed
 
     async def _call_model(
-        self, state: AgentState, specs: Sequence[Any], elapsed: Callable[[], float]
+        self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None
     ) -> ModelReply | None:
         left, passed = self._time_left()
         per_call = self.limits.model_timeout
@@ -652,7 +727,7 @@ class Agent:
         started = self.clock()
         try:
             with anyio.move_on_after(min(left, per_call if per_call is not None else math.inf)):
-                reply = await self._complete(state, specs)
+                reply = await self._complete(state, specs, output)
                 state.attempts += reply.attempts
                 state.rate_limited += reply.rate_limited
                 state.usage_estimated = state.usage_estimated or reply.usage_estimated
@@ -699,13 +774,15 @@ class Agent:
             state.model_time += self.clock() - started
         return None
 
-    async def _complete(self, state: AgentState, specs: Sequence[Any]) -> ModelReply:
+    async def _complete(
+        self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None
+    ) -> ModelReply:
         """One model call (a `chat` span when telemetry is on)."""
         if not telemetry.enabled():
-            return await self._complete_traced(state, specs)
+            return await self._complete_traced(state, specs, output)
         attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": self.model.name}
         with telemetry.span(f"chat {self.model.name}", attributes) as span:
-            reply = await self._complete_traced(state, specs)
+            reply = await self._complete_traced(state, specs, output)
             telemetry.annotate(
                 span,
                 gen_ai__response__model=reply.model or None,
@@ -716,17 +793,39 @@ class Agent:
             )
             return reply
 
-    async def _complete_traced(self, state: AgentState, specs: Sequence[Any]) -> ModelReply:
+    async def _ask(
+        self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None
+    ) -> ModelReply:
+        """The model's reply, held to the answer's schema when there is one (`output` is only
+        given for a model that `_structured` found takes it)."""
+        if output is not None:
+            structured = cast(StructuredOutputModel, self.model)
+            return await structured.complete(state.messages, specs, output=output)
+        return await self.model.complete(state.messages, specs)
+
+    async def _complete_traced(
+        self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None
+    ) -> ModelReply:
         """One model call; streamed when someone listens and the model can stream."""
         if self.on_event is None:
-            return await self.model.complete(state.messages, specs)
-        if not isinstance(self.model, StreamingModel):
-            whole = await self.model.complete(state.messages, specs)
+            return await self._ask(state, specs, output)
+        model = self.model
+        streams = (
+            isinstance(model, StructuredStreamingModel)
+            if output is not None
+            else isinstance(model, StreamingModel)
+        )
+        if not streams:
+            whole = await self._ask(state, specs, output)
             if whole.text:
                 await self._emit(TextDelta(text=whole.text))
             return whole
         reply: ModelReply | None = None
-        stream = self.model.stream(state.messages, specs)
+        if output is not None and isinstance(model, StructuredStreamingModel):
+            stream = model.stream(state.messages, specs, output=output)
+        else:
+            assert isinstance(model, StreamingModel)
+            stream = model.stream(state.messages, specs)
         try:
             async for item in stream:
                 if isinstance(item, TextDelta):
@@ -751,11 +850,18 @@ class Agent:
                 text=reply.content, tool_calls=reply.tool_calls, finish_reason=step.finish_reason
             )
         )
-        if isinstance(decision, Answer):
+        if self._output is not None and any(c.name == FINAL_TOOL for c in reply.tool_calls):
             state.nudges = 0
-            state.answer = state.truncated + decision.text
+            self._final_call(state, reply.tool_calls, work)
+        elif isinstance(decision, Answer):
+            state.nudges = 0
+            text = state.truncated + decision.text
             state.truncated = ""
-            state.stop = Stop(reason="answer", detail="the model gave its answer")
+            if self._output is None:
+                state.answer = text
+                state.stop = Stop(reason="answer", detail="the model gave its answer")
+            else:
+                self._typed_text(state, text, work)
         elif isinstance(decision, Truncated):
             if state.truncated:  # cut off again after being asked to continue
                 state.truncated += decision.text
@@ -781,7 +887,8 @@ class Agent:
                 )
             else:
                 state.nudges += 1
-                work.appended.append(ChatMessage.user(NUDGE.format(reason=decision.reason)))
+                nudge = NUDGE.format(reason=decision.reason, answer=self._answer_hint())
+                work.appended.append(ChatMessage.user(nudge))
         else:
             state.nudges = 0
             await self._run_tools(state, decision.calls, work)
@@ -800,6 +907,74 @@ class Agent:
             self.journal.step(state, work.appended, work.calls, work.digests, handled)
         if self.inbound is not None:
             self.inbound.recorded()
+
+    # -- typed answers --
+
+    def _answer_hint(self) -> str:
+        if self._output is None:
+            return ANSWER_AS_TEXT
+        return ANSWER_AS_JSON if self._structured() is not None else ANSWER_BY_TOOL
+
+    def _final_call(
+        self, state: AgentState, tool_calls: tuple[ToolCall, ...], work: _StepWork
+    ) -> None:
+        """A reply that calls the final-answer tool: its first such call is the answer. Every
+        call gets a result (the others are not run), so the conversation stays well formed."""
+        assert self._output is not None
+        final = next(c for c in tool_calls if c.name == FINAL_TOOL)
+        accepted: Accepted | None = None
+        error = ""
+        try:
+            accepted = self._output.check(final.arguments or "{}")
+            result = ACCEPTED
+        except Rejected as exc:
+            error = str(exc)
+            result = {"error": f"ValidationError: {error}"}
+        for call in tool_calls:
+            if call is final:
+                content = json.dumps(result)
+            else:
+                content = json.dumps({"error": NOT_RUN_ENDED if accepted else NOT_RUN_BESIDE})
+            if work.results.get(call.id) is None:
+                self._record(work, call, ChatMessage.tool_result(call, content))
+        if accepted is not None:
+            self._accept(state, accepted)
+        else:
+            self._reject(state, error)  # the call's error result is what the model reads
+
+    def _typed_text(self, state: AgentState, text: str, work: _StepWork) -> None:
+        """A typed run's text answer: the answer itself (structured output), or, from a model
+        that was to call the final-answer tool, accepted if it is valid JSON of the type."""
+        assert self._output is not None
+        try:
+            accepted = self._output.check(text)
+        except Rejected as exc:
+            if self._reject(state, str(exc)):
+                template = REJECTED if self._structured() is not None else REJECTED_TEXT
+                feedback = template.format(name=self._output.name, errors=exc)
+                work.appended.append(ChatMessage.user(feedback))
+            return
+        self._accept(state, accepted)
+
+    def _accept(self, state: AgentState, accepted: Accepted) -> None:
+        self._accepted = accepted
+        state.answer = accepted.json
+        state.stop = Stop(reason="answer", detail="the model gave its answer")
+
+    def _reject(self, state: AgentState, error: str) -> bool:
+        """An answer that did not validate: True while the model gets its one correction
+        (the caller gives it the errors); after that the run stops as `invalid_output`."""
+        assert self._output is not None
+        state.output_errors += 1
+        if state.output_errors <= OUTPUT_RETRIES:
+            return True
+        name = self._output.name
+        log.info("%s stopped: its answer did not match %s twice", state.agent, name)
+        state.stop = Stop(
+            reason="invalid_output",
+            detail=f"the answer did not match {name} again after one correction: {error}",
+        )
+        return False
 
     async def _run_tools(
         self, state: AgentState, tool_calls: tuple[ToolCall, ...], work: _StepWork
@@ -954,6 +1129,8 @@ class Agent:
     def _report(self, state: AgentState) -> RunReport:
         assert state.stop is not None
         partial = state.truncated or None
+        if state.stop.reason == "invalid_output":
+            partial = _rejected_answer(state)
         if state.answer is None and partial is None:
             start = state.task_index if state.task_index is not None else state.pinned
             for m in reversed(state.messages[start:]):
@@ -979,7 +1156,36 @@ class Agent:
             attempts=state.attempts,
             rate_limited=state.rate_limited,
             usage_estimated=state.usage_estimated,
+            output=self._value(state),
+            output_name=self._output.name if self._output is not None else None,
         )
+
+    def _value(self, state: AgentState) -> Any:
+        """A typed run's answer as a value (validated again from its JSON after a restore)."""
+        typed = self._output
+        if typed is None or state.stop is None or state.stop.reason != "answer":
+            return None
+        if state.answer is None:  # cannot happen after an answer; for the type checker
+            return None
+        accepted = self._accepted
+        if accepted is not None and accepted.json == state.answer:
+            return accepted.value
+        try:
+            return typed.load(state.answer)
+        except ValueError:  # pydantic's ValidationError: an answer of another type
+            log.warning("%s: its answer does not load as %s", state.agent, typed.name)
+            return None
+
+
+def _rejected_answer(state: AgentState) -> str | None:
+    """The answer a typed run rejected last: its final-answer call's arguments, or its text."""
+    for message in reversed(state.messages):
+        if message.role == "assistant":
+            for call in message.tool_calls:
+                if call.name == FINAL_TOOL:
+                    return call.arguments
+            return message.content
+    return None
 
 
 def _is_sequential(toolbox: Toolbox, call: ToolCall) -> bool:

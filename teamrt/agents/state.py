@@ -7,13 +7,15 @@ limit, with its numbers), what it did, what it cost, and the answer or the parti
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from teamrt.models.base import ChatMessage, Usage
 
-StopReason = Literal["answer", "limit", "malformed_reply", "model_error", "shutdown", "truncated"]
+StopReason = Literal[
+    "answer", "invalid_output", "limit", "malformed_reply", "model_error", "shutdown", "truncated"
+]
 
 #: How many ids of handled inputs (tasks, messages) a state remembers, to drop redeliveries.
 HANDLED_MEMORY = 1024
@@ -72,6 +74,7 @@ class AgentState(BaseModel):
     consecutive_errors: int = 0
     stale_steps: int = 0
     nudges: int = 0  # malformed replies in a row
+    output_errors: int = 0  # typed answers rejected this task (the first goes back, once)
     usage: Usage = Usage()
     cost: float = 0.0
     cost_known: bool = True
@@ -80,7 +83,7 @@ class AgentState(BaseModel):
     compactions: int = 0
     call_counts: dict[str, int] = Field(default_factory=dict)  # signature -> times called
     seen_results: list[str] = Field(default_factory=list)  # digests of recent tool results
-    answer: str | None = None
+    answer: str | None = None  # a typed run's answer is the value as JSON text
     stop: Stop | None = None
 
     def count_call(self, signature: str) -> int:
@@ -114,7 +117,13 @@ class AgentState(BaseModel):
 
 
 class RunReport(BaseModel):
-    """How a run ended: the reason, the work done, the spend, the answer or partial work."""
+    """How a run ended: the reason, the work done, the spend, the answer or partial work.
+
+    A typed run (`Agent(..., output_type=...)`) that ended with an answer carries the validated
+    value as `output` (and its JSON text as `answer`); `output_name` names the type. One whose
+    model failed validation twice stops as `invalid_output`, with the errors in the detail and
+    the rejected answer as `partial`.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -136,6 +145,8 @@ class RunReport(BaseModel):
     attempts: int = 0  # HTTP requests behind the model calls (retries = attempts - steps)
     rate_limited: int = 0  # attempts answered 429 (rate limited)
     usage_estimated: bool = False  # tokens partly estimated locally (no usage from the server)
+    output: Any = None  # a typed run's validated answer
+    output_name: str | None = None  # the name of its type (None: an untyped run)
 
     @property
     def retries(self) -> int:

@@ -143,11 +143,15 @@ async def rerun(args: argparse.Namespace) -> int:
     validate_name(args.agent, what="agent name (--agent)")
     tools: list[Tool] = []
     instructions = ""
+    output_type = None
     if args.spec:  # without one, the agent is re-run with no tools and no instructions
         teammate = load_teammate(args.spec)
         tools = [t if isinstance(t, Tool) else tool(t) for t in teammate.tools]
         instructions = teammate.instructions
-    report, divergence, recorded = await rerun(_agent_dir(args), args.agent, tools, instructions)
+        output_type = teammate.typed  # a typed teammate's answers are validated again
+    report, divergence, recorded = await rerun(
+        _agent_dir(args), args.agent, tools, instructions, output_type=output_type
+    )
     if divergence is None:
         print(
             f"rerun of {args.agent}: {recorded} recorded steps, the same again "

@@ -1,4 +1,5 @@
-"""The `teamrt` command: send, inspect, repair, replay, rerun, fork, bench, run-agent, demo.
+"""The `teamrt` command: send, inspect, repair, replay, rerun, fork, bench, run-agent, demo,
+eval.
 
 Commands raise teamrt's own errors (`UsageError` for the caller's mistakes) and never print a
 traceback: `teamrt.cli.runner` runs them, words what went wrong in one line and turns SIGINT and
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from teamrt import __version__
 from teamrt.cli import commands as cmd
 from teamrt.cli import fork as fork_command
+from teamrt.cli.eval import add_eval_command
 from teamrt.cli.runner import Parser, configure_logging, execute
 from teamrt.cli.send import send as send_command
 
@@ -356,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(redis://HOST:PORT/DB; the team is the demo's own); default: $TEAMRT_STORE",
     )
     demo.set_defaults(run=_demo, is_async=False)
+    add_eval_command(commands)
     return parser
 
 

@@ -140,7 +140,10 @@ class AckTracker:
         ):
             self._add(segment, end, seq, handled=True)
             return False
-        self._outstanding[id_] = self._add(segment, end, seq, handled=False)
+        index = self._next  # _add(handled=False), inlined: once per envelope received
+        self._next = index + 1
+        self._items[index] = (segment, end, seq)
+        self._outstanding[id_] = index
         return True
 
     def skipped(self, end: Position, seq: int | None = None, id_: str | None = None) -> None:

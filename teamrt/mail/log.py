@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 from pydantic import ValidationError
 
 from teamrt.codec import encode as codec_encode
@@ -70,19 +71,24 @@ def stamp(encoded: bytes, seq: int, team: bytes) -> bytes:
 
 
 def stamp_many(encoded: Sequence[bytes], first_seq: int, team: bytes) -> bytes:
-    """Consecutive stamped lines for a batch, as one buffer for one write."""
-    return b"".join(
-        [
-            b'{"seq":%d,"team":"%b",%b\n' % (first_seq + i, team, item)
-            for i, item in enumerate(encoded)
-        ]
-    )
+    """Consecutive stamped lines for a batch, as one buffer for one write (each line's head
+    written with the newline that ends the line before it: one format per line)."""
+    if not encoded:
+        return b""
+    between = b'\n{"seq":%d,"team":"' + team + b'",'
+    parts = [b'{"seq":%d,"team":"%b",' % (first_seq, team)]
+    append = parts.append
+    for seq, item in enumerate(encoded, first_seq + 1):
+        append(item)
+        append(between % seq)
+    parts[-1] = b"\n"
+    return b"".join(parts)
 
 
 # --- decoding ---------------------------------------------------------------------------------
 
 
-class Entry:
+class Entry(msgspec.Struct, gc=False):
     """One record of an inbox as its store hands it out: the stamped line without its newline
     (`raw`), where it starts (`at`) and the position just after it (`end`, what a cursor that
     has passed it holds). Positions are opaque to everything above the store: two parts, the
@@ -91,20 +97,16 @@ class Entry:
     longer than the store's line limit and `raw` holds only its first bytes; it is quarantined
     unread.
 
-    A plain slotted class holding no tuples: one is made per record read, and each extra
-    container object per record costs the drain measurably (the garbage collector tracks it).
+    A msgspec struct holding no tuples: one is made per record read, built in C (a third of a
+    plain slotted class's cost) and not tracked by the garbage collector (it holds only bytes
+    and ints).
     """
 
-    __slots__ = ("raw", "segment", "start", "stop", "too_long")
-
-    def __init__(
-        self, raw: bytes, segment: int, start: int, stop: int, too_long: bool = False
-    ) -> None:
-        self.raw = raw
-        self.segment = segment
-        self.start = start
-        self.stop = stop
-        self.too_long = too_long
+    raw: bytes
+    segment: int
+    start: int
+    stop: int
+    too_long: bool = False
 
     @property
     def at(self) -> Position:

@@ -31,13 +31,13 @@ from anyio.abc import TaskGroup
 from pydantic import ValidationError
 
 from teamrt import telemetry
+from teamrt.codec import encode
 from teamrt.envelopes import (
     Broadcast,
     Envelope,
     ErrorBody,
     Request,
     Response,
-    check_finite,
     current_trace,
     validate_body,
 )
@@ -55,7 +55,7 @@ from teamrt.errors import (
     UsageError,
 )
 from teamrt.mail.inbox import Inbox, InboxStatistics, _Reply
-from teamrt.mail.log import decode_line, encode
+from teamrt.mail.log import decode_line
 from teamrt.mail.signing import Signer, team_key
 from teamrt.mail.store import HEARTBEAT_INTERVAL, Store, run_local
 
@@ -235,8 +235,7 @@ class Mailboxes:
         if envelope.team is not None and envelope.team != self.store.team:
             raise UsageError(f"envelope is for team {envelope.team!r}, not {self.store.team!r}")
         validate_body(envelope.type, envelope.body)
-        encoded = encode(envelope)
-        check_finite(envelope, encoded)
+        encoded = encode(envelope, finite=True)
         if self._signer is not None:
             encoded = self._signer.sign(encoded, self.store.team)
         if len(encoded) > self.store.max_envelope:
@@ -463,10 +462,8 @@ class Mailboxes:
         check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
         try:
             await self.send(envelope)
-            while reply.response is None:
-                inbox._pump()
-                if reply.response is not None:
-                    break
+            # no read right after the send: _wait() returns at once if anything has come
+            while True:
                 if not await inbox._wait(min(deadline, check_at)):
                     if time.monotonic() >= deadline:
                         break
@@ -476,6 +473,9 @@ class Mailboxes:
                         inbox._timed_out.add(envelope.id)  # a late answer is counted as late
                         raise
                     check_at = time.monotonic() + _LIVENESS_EVERY
+                inbox._pump()
+                if reply.response is not None:
+                    break
         finally:
             inbox._pending.pop(envelope.id, None)
         response = reply.response

@@ -66,6 +66,19 @@ class ToolSpec(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
+class OutputSpec(BaseModel):
+    """A typed answer as a model is asked for it: a name, a description and the JSON schema
+    the final answer must match (always an object: other types are wrapped as `{"value": ...}`
+    by the agent). A model that does structured output (`StructuredOutputModel`) gets it with
+    each call of a typed run; for other models the agent offers a final-answer tool instead."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str = ""
+    json_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
 class Usage(BaseModel):
     """Tokens used by one or more model calls."""
 
@@ -158,6 +171,41 @@ class Model(Protocol):
     async def complete(
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> ModelReply: ...
+
+
+@runtime_checkable
+class StructuredOutputModel(Protocol):
+    """A model that can be held to a JSON schema for its final answer (a provider's structured
+    output, such as OpenAI's `response_format` of type `json_schema`).
+
+    `structured_output` says whether it does (an adapter may be told not to, for a server that
+    does not); when it is False, a typed agent asks for the answer through a final-answer tool
+    instead. With `output`, the reply's text is the answer as JSON text (tool calls may still
+    come first)."""
+
+    @property
+    def structured_output(self) -> bool: ...
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        output: OutputSpec | None = None,
+    ) -> ModelReply: ...
+
+
+@runtime_checkable
+class StructuredStreamingModel(Protocol):
+    """A structured-output model that also streams with the schema applied."""
+
+    def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        output: OutputSpec | None = None,
+    ) -> AsyncIterator[TextDelta | ModelReply]: ...
 
 
 # --- the switch that keeps tests offline -------------------------------------------------------

@@ -14,6 +14,7 @@ from teamrt.errors import ScriptExhausted, UsageError
 from teamrt.models.base import (
     ChatMessage,
     ModelReply,
+    OutputSpec,
     TextDelta,
     ToolCall,
     ToolSpec,
@@ -89,6 +90,11 @@ class ScriptedModel:
 
     Items are `ModelReply`s (see `reply`, `call`, `calls`) or plain strings (final answers).
     Usage counts input tokens as characters / 4 of the conversation, so budgets can be tested.
+
+    `structured_output=True` makes it a `StructuredOutputModel`: a typed agent then sends the
+    answer's schema with each call (kept in `outputs`, one per call) and takes the scripted
+    text as the JSON answer; by default a typed agent offers it a `final_answer` tool instead,
+    which the script calls (`call("final_answer", total=12)`).
     """
 
     def __init__(
@@ -97,24 +103,36 @@ class ScriptedModel:
         *,
         name: str = "scripted",
         record_calls: bool = True,
+        structured_output: bool = False,
     ) -> None:
         self._script = [reply(item) if isinstance(item, str) else item for item in script]
         self._name = name
         self._record = record_calls
+        self._structured = structured_output
         self._used = 0
         self._tokens = _TokenCounter()
         self.calls: list[list[ChatMessage]] = []  # the conversation as sent, per call
+        self.outputs: list[OutputSpec | None] = []  # the answer's schema sent, per call
 
     @property
     def name(self) -> str:
         return self._name
 
     @property
+    def structured_output(self) -> bool:
+        """Whether a typed agent sends this model its answer's schema (see the class)."""
+        return self._structured
+
+    @property
     def remaining(self) -> int:
         return len(self._script) - self._used
 
     async def complete(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        output: OutputSpec | None = None,
     ) -> ModelReply:
         step = self._used
         if step >= len(self._script):
@@ -125,6 +143,7 @@ class ScriptedModel:
         self._used += 1
         if self._record:
             self.calls.append(list(messages))
+            self.outputs.append(output)
         scripted = self._script[step]
         usage = Usage(
             requests=1,
@@ -134,10 +153,14 @@ class ScriptedModel:
         return scripted.model_copy(update={"usage": usage, "model": self._name})
 
     def stream(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        output: OutputSpec | None = None,
     ) -> AsyncIterator[TextDelta | ModelReply]:
         """The next scripted reply as a stream: its text in a few chunks, then the reply."""
-        return streamed(self.complete(messages, tools))
+        return streamed(self.complete(messages, tools, output=output))
 
     def assert_done(self) -> None:
         """Fail unless every scripted reply was used."""
@@ -155,21 +178,36 @@ ReplyFunction = Callable[
 
 class FunctionModel:
     """Each reply is decided by `fn(messages, tools)` (sync or async), returning a `ModelReply`
-    or a string (a final answer)."""
+    or a string (a final answer). `structured_output=True`: a typed agent sends the answer's
+    schema with each call (the last one sent is `output`) and takes the text as the answer."""
 
-    def __init__(self, fn: ReplyFunction, *, name: str = "function") -> None:
+    def __init__(
+        self, fn: ReplyFunction, *, name: str = "function", structured_output: bool = False
+    ) -> None:
         if not callable(fn):
             raise UsageError("FunctionModel needs a callable")
         self._fn = fn
         self._name = name
+        self._structured = structured_output
+        self.output: OutputSpec | None = None
 
     @property
     def name(self) -> str:
         return self._name
 
+    @property
+    def structured_output(self) -> bool:
+        """Whether a typed agent sends this model its answer's schema (see the class)."""
+        return self._structured
+
     async def complete(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        output: OutputSpec | None = None,
     ) -> ModelReply:
+        self.output = output
         result = self._fn(messages, tools)
         if inspect.isawaitable(result):
             result = await result
@@ -181,7 +219,11 @@ class FunctionModel:
         return answer.model_copy(update={"model": self._name})
 
     def stream(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        output: OutputSpec | None = None,
     ) -> AsyncIterator[TextDelta | ModelReply]:
         """The function's reply as a stream: its text in a few chunks, then the reply."""
-        return streamed(self.complete(messages, tools))
+        return streamed(self.complete(messages, tools, output=output))

@@ -31,6 +31,7 @@ from teamrt.errors import MissingAPIKey, UsageError
 from teamrt.models.base import (
     ChatMessage,
     ModelReply,
+    OutputSpec,
     TextDelta,
     ToolSpec,
     Usage,
@@ -40,6 +41,7 @@ from teamrt.models.base import (
 from teamrt.models.openai_retry import TRANSIENT, Retries, Tally
 from teamrt.models.openai_stream import ChatStream, ResponsesStream, SSEDecoder
 from teamrt.models.openai_wire import (
+    OutputFormat,
     ResponsesTools,
     Unusable,
     chat_body,
@@ -56,6 +58,7 @@ Api = Literal["chat", "responses"]
 class _Call:
     body: dict[str, Any]
     strict: dict[str, dict[str, Any]]
+    output: OutputFormat | None = None
 
 
 log = logging.getLogger("teamrt.models")
@@ -69,6 +72,11 @@ class OpenAIModel:
     server's `Retry-After` asks, as long as that is at most `max_retry_after` seconds. `store`
     (Responses API) keeps responses on the server; off by default. A client passed in is the
     caller's to close; one the model made is closed by `aclose()` (or `async with`).
+
+    Typed answers (`Agent(..., output_type=...)`) use the server's structured output: the
+    answer's schema goes as `response_format` (Chat Completions) or `text.format` (Responses),
+    strict when strict mode can express it. For a server that does not support it, pass
+    `structured_output=False`: the agent then asks for the answer through a tool.
     """
 
     def __init__(
@@ -85,6 +93,7 @@ class OpenAIModel:
         temperature: float | None = None,
         store: bool = False,
         client: openai.AsyncOpenAI | None = None,
+        structured_output: bool = True,
     ) -> None:
         if api not in ("chat", "responses"):
             raise UsageError(f"api must be 'chat' or 'responses', not {api!r}")
@@ -102,6 +111,7 @@ class OpenAIModel:
         self.max_retry_after = max_retry_after
         self.temperature = temperature
         self.store = store
+        self._structured = structured_output
         self._client = client
         self._owns_client = client is None
         self._headers: dict[str, Any] = {}
@@ -110,6 +120,11 @@ class OpenAIModel:
     @property
     def name(self) -> str:
         return self.model
+
+    @property
+    def structured_output(self) -> bool:
+        """Whether typed answers are asked for with the server's structured output."""
+        return self._structured
 
     def _get_client(self) -> openai.AsyncOpenAI:
         if self._client is None:
@@ -144,19 +159,31 @@ class OpenAIModel:
 
     # -- one call ------------------------------------------------------------------------------
 
-    def _prepare(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> _Call:
+    def _prepare(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        output: OutputSpec | None = None,
+    ) -> _Call:
+        fmt = OutputFormat.of(output) if output is not None else None
         if self.api == "chat":
-            return _Call(chat_body(self.model, messages, tools, self.temperature), {})
+            return _Call(chat_body(self.model, messages, tools, self.temperature, fmt), {}, fmt)
         specs = ResponsesTools.of(tools)
-        body = responses_body(self.model, messages, specs, self.temperature, self.store)
-        return _Call(body, specs.strict)
+        body = responses_body(self.model, messages, specs, self.temperature, self.store, fmt)
+        return _Call(body, specs.strict, fmt)
 
     async def complete(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        output: OutputSpec | None = None,
     ) -> ModelReply:
+        """One call: the reply, or a `ModelError` after retries. With `output`, the answer is
+        held to its schema by the server's structured output."""
         check_model_requests_allowed(self.model)
         client = self._get_client()
-        call = self._prepare(messages, tools)
+        call = self._prepare(messages, tools, output)
         retries, tally = self._retries(), Tally()
         while True:
             tally.attempts += 1
@@ -174,7 +201,7 @@ class OpenAIModel:
                 continue
             except openai.OpenAIError as exc:  # anything else the SDK refuses: not retried
                 raise retries.error(exc, None, tally) from exc
-            return self._finish(reply, messages, tools, tally)
+            return self._finish(reply, call, messages, tools, tally)
 
     async def _send(self, client: openai.AsyncOpenAI, call: _Call) -> ModelReply:
         if self.api == "chat":
@@ -195,6 +222,7 @@ class OpenAIModel:
     def _finish(
         self,
         reply: ModelReply,
+        call: _Call,
         messages: Sequence[ChatMessage],
         tools: Sequence[ToolSpec],
         tally: Tally,
@@ -206,6 +234,8 @@ class OpenAIModel:
         }
         if reply.usage_estimated:
             update["usage"] = estimate_usage(messages, tools, reply)
+        if call.output is not None:
+            reply = call.output.clean(reply)
         return reply.model_copy(update=update)
 
     def _retries(self) -> Retries:
@@ -215,7 +245,11 @@ class OpenAIModel:
     # -- streaming -----------------------------------------------------------------------------
 
     async def stream(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        output: OutputSpec | None = None,
     ) -> AsyncIterator[TextDelta | ModelReply]:
         """Yield `TextDelta`s as the text is written, then the whole `ModelReply`.
 
@@ -226,7 +260,7 @@ class OpenAIModel:
         """
         check_model_requests_allowed(self.model)
         client = self._get_client()
-        call = self._prepare(messages, tools)
+        call = self._prepare(messages, tools, output)
         retries, tally = self._retries(), Tally()
         while True:
             tally.attempts += 1
@@ -252,7 +286,7 @@ class OpenAIModel:
                 continue
             except openai.OpenAIError as exc:
                 raise retries.error(exc, None, tally) from exc
-            yield self._finish(reply, messages, tools, tally)
+            yield self._finish(reply, call, messages, tools, tally)
             return
 
     async def _events(

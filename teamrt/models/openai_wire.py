@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from teamrt.errors import ModelError
-from teamrt.models.base import ChatMessage, ModelReply, ToolCall, ToolSpec, Usage
+from teamrt.models.base import ChatMessage, ModelReply, OutputSpec, ToolCall, ToolSpec, Usage
 from teamrt.models.strict_schema import drop_added_nulls, strict_schema
 
 
@@ -32,12 +32,44 @@ class StreamFault(ModelError):
 # --- request bodies -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class OutputFormat:
+    """A typed answer's schema as sent (`json_schema`: strict when strict mode can express it)
+    and, when sent strict, the original schema, whose optional properties come back as nulls
+    to drop (see `strict_schema`)."""
+
+    json_schema: dict[str, Any]
+    strict: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, output: OutputSpec) -> OutputFormat:
+        converted = strict_schema(output.json_schema)
+        fmt: dict[str, Any] = {
+            "name": output.name,
+            "schema": converted if converted is not None else output.json_schema,
+            "strict": converted is not None,
+        }
+        if output.description:
+            fmt["description"] = output.description
+        return cls(fmt, output.json_schema if converted is not None else None)
+
+    def clean(self, reply: ModelReply) -> ModelReply:
+        """The reply with the nulls strict mode added to its answer removed."""
+        if self.strict is None or not reply.text or reply.tool_calls:
+            return reply
+        text = drop_added_nulls(reply.text, self.strict)
+        return reply if text == reply.text else reply.model_copy(update={"text": text})
+
+
 def chat_body(
     model: str,
     messages: Sequence[ChatMessage],
     tools: Sequence[ToolSpec],
     temperature: float | None,
+    output: OutputFormat | None = None,
 ) -> dict[str, Any]:
+    """A Chat Completions request; with `output`, the answer is held to its schema
+    (`response_format` of type `json_schema`)."""
     body: dict[str, Any] = {"model": model, "messages": [_chat_message(m) for m in messages]}
     if tools:
         body["tools"] = [
@@ -53,6 +85,8 @@ def chat_body(
         ]
     if temperature is not None:
         body["temperature"] = temperature
+    if output is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": output.json_schema}
     return body
 
 
@@ -100,7 +134,10 @@ def responses_body(
     tools: ResponsesTools,
     temperature: float | None,
     store: bool,
+    output: OutputFormat | None = None,
 ) -> dict[str, Any]:
+    """A Responses API request; with `output`, the answer is held to its schema (`text.format`
+    of type `json_schema`)."""
     items: list[dict[str, Any]] = []
     for m in messages:
         if m.role == "tool":
@@ -131,6 +168,8 @@ def responses_body(
         body["tools"] = tools.specs
     if temperature is not None:
         body["temperature"] = temperature
+    if output is not None:
+        body["text"] = {"format": {"type": "json_schema", **output.json_schema}}
     return body
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from teamrt.replay.events import AGENT_KINDS, OTHERS, WINDOW, Event
+from teamrt.replay.events import AGENT_KINDS, ENVELOPE_KINDS, OTHERS, WINDOW, Event
 
 _AGENTS = 256  # agents counted one by one in a summary; any more are counted together
 
 
-@dataclass
+@dataclass(slots=True)
 class AgentCounts:
     sent: int = 0
     received: int = 0
@@ -21,7 +21,7 @@ class AgentCounts:
     flagged: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class Summary:
     """What the events a filter kept add up to (all of them, without a filter)."""
 
@@ -61,46 +61,46 @@ class Summary:
     def count(self, e: Event) -> None:
         """Add one event (with the flags it has so far; `unanswered` comes at the end)."""
         self.events += 1
-        flags = e.flags
+        kind, flags, agents = e.kind, e.flags, self.agents
         if flags:
             self.flagged += 1
-            self.agent(e.sender if e.kind != "corrupt" else e.inbox).flagged += 1
-        if e.kind == "corrupt":
-            self.corrupt += 1
+            self.agent(e.sender if kind != "corrupt" else e.inbox).flagged += 1
+        if kind in ENVELOPE_KINDS:  # the usual case first
+            self.envelopes += 1
+            (agents.get(e.sender) or self.agent(e.sender)).sent += 1
+            (agents.get(e.inbox) or self.agent(e.inbox)).received += 1
+            if flags and "duplicate" in flags:
+                self.duplicates += 1
+                return
+            if kind == "request":
+                self.requests += 1
+            if e.latency is not None:
+                self.answered += 1
+                if len(self.latencies) < WINDOW:
+                    self.latencies.append(e.latency)
+            if flags:
+                self.late += "late" in flags
+                self.answered_twice += "answered twice" in flags
+                if "error" in flags:
+                    self.errors += 1
+                    self.agent(e.sender).errors += 1
             return
-        if e.kind in AGENT_KINDS:
+        if kind == "corrupt":
+            self.corrupt += 1
+        elif kind in AGENT_KINDS:
             who = self.agent(e.sender)
-            if e.kind == "crash":
+            if kind == "crash":
                 self.crashes += 1
                 who.crashes += 1
-            elif e.kind == "cancel":
+            elif kind == "cancel":
                 self.cancels += 1
                 who.cancels += 1
             else:
                 self.stops += 1
                 who.stops += 1
-            return
-        if e.kind == "decision":
+        elif kind == "decision":
             self.decisions += 1
             self.escalations += "escalation" in flags
-            return
-        self.envelopes += 1
-        self.agent(e.sender).sent += 1
-        self.agent(e.inbox).received += 1
-        if "duplicate" in flags:
-            self.duplicates += 1
-            return
-        if e.kind == "request":
-            self.requests += 1
-        if e.latency is not None:
-            self.answered += 1
-            if len(self.latencies) < WINDOW:
-                self.latencies.append(e.latency)
-        self.late += "late" in flags
-        self.answered_twice += "answered twice" in flags
-        if "error" in flags:
-            self.errors += 1
-            self.agent(e.sender).errors += 1
 
     def count_unanswered(self, request: Event, was_flagged: bool) -> None:
         self.unanswered.append(request)

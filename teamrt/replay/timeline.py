@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 import os
 import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pydantic_core
 
 from teamrt.mail import TeamView, open_view
@@ -22,17 +24,23 @@ from teamrt.replay.summary import Summary
 class _Recent:
     """A bounded set of recently seen keys."""
 
+    __slots__ = ("_keys", "_order", "_size")
+
     def __init__(self, size: int = WINDOW) -> None:
-        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._keys: set[str] = set()
+        self._order: deque[str] = deque()  # oldest first
         self._size = size
 
     def add(self, key: str) -> bool:
         """Remember `key`; False if it was already there."""
-        if key in self._keys:
+        keys = self._keys
+        if key in keys:
             return False
-        self._keys[key] = None
-        if len(self._keys) > self._size:
-            self._keys.popitem(last=False)
+        keys.add(key)
+        order = self._order
+        order.append(key)
+        if len(order) > self._size:
+            keys.discard(order.popleft())
         return True
 
 
@@ -46,22 +54,31 @@ class Joiner:
         self._seen: dict[str, _Recent] = {}
 
     def feed(self, event: Event) -> Event:
-        if event.kind not in ENVELOPE_KINDS:
+        kind = event.kind
+        if kind not in ENVELOPE_KINDS:
             return event
-        seen = self._seen.setdefault(event.inbox, _Recent())
-        if not seen.add(event.id):
+        seen = self._seen.get(event.inbox)
+        if seen is None:
+            seen = self._seen[event.inbox] = _Recent()
+        key, keys = event.id, seen._keys
+        if key in keys:
             event.flags.append("duplicate")
             return event
-        if event.kind == "request":
+        keys.add(key)  # seen.add(key), inlined: once per envelope
+        order = seen._order
+        order.append(key)
+        if len(order) > seen._size:
+            keys.discard(order.popleft())
+        if kind == "request":
             self.open[event.id] = event
-        elif event.kind == "response" and event.in_reply_to:
-            request = self.open.pop(event.in_reply_to, None)
+        elif kind == "response" and (asked := event.in_reply_to):
+            request = self.open.pop(asked, None)
             if request is not None:
-                self._answered.add(event.in_reply_to)
+                self._answered.add(asked)
                 event.latency = event.ts - request.ts
                 if request.deadline is not None and event.ts > request.deadline:
                     event.flags.append("late")
-            elif not self._answered.add(event.in_reply_to):
+            elif not self._answered.add(asked):
                 event.flags.append("answered twice")
             else:
                 event.flags.append("no request")
@@ -91,7 +108,59 @@ def _finite(value: Any) -> float:
     return ts if math.isfinite(ts) else 0.0
 
 
+class _Line(msgspec.Struct, kw_only=True, gc=False, forbid_unknown_fields=True):
+    """What a timeline reads of an inbox line, typed as `_event_checked` reads it, so that
+    msgspec can parse a line into it in one pass; any line it does not take as it stands (an
+    unknown field among them: msgspec would skip it unchecked) goes the checked way, which
+    gives the same event."""
+
+    ts: float = 0.0
+    seq: Any = None
+    team: Any = None
+    v: Any = None
+    traceparent: Any = None
+    id: str
+    kind: str
+    type: str = "text"
+    sender: str
+    recipient: str
+    in_reply_to: Any = None
+    trace_id: Any = None
+    deadline: Any = None
+    body: Any = None
+
+
+_parse_line = msgspec.json.Decoder(_Line).decode
+
+
 def _event(inbox: str, segment: int, offset: int, line: bytes) -> Event:
+    """The event of one inbox line: an envelope as it was sent, or a `corrupt` event saying why
+    the line cannot be read."""
+    try:
+        d = _parse_line(line)
+    except (msgspec.DecodeError, RecursionError):
+        return _event_checked(inbox, segment, offset, line)
+    return Event(
+        d.ts or 0.0,  # as _finite(): -0.0 is shown as 0.0
+        inbox,
+        segment,
+        offset,
+        d.seq,
+        d.id,
+        d.kind,
+        d.type,
+        d.sender,
+        d.recipient,
+        d.in_reply_to,
+        d.trace_id,
+        d.deadline,
+        d.body,
+        line,
+    )
+
+
+def _event_checked(inbox: str, segment: int, offset: int, line: bytes) -> Event:
+    """`_event` for any line: parsed leniently (odd timestamps, any field types are shown)."""
     try:
         data = pydantic_core.from_json(line)
         if not isinstance(data, dict):
@@ -143,7 +212,10 @@ def read_inbox(
     for entry in view.scan(name):
         if positions is not None:
             positions[name] = entry.end
-        yield _event(name, entry.at[0], entry.at[1], entry.raw)
+        yield _event(name, entry.segment, entry.start, entry.raw)
+
+
+_by_time = operator.attrgetter("ts")
 
 
 def members(team: TeamView | str | os.PathLike[str]) -> list[str]:
@@ -154,10 +226,13 @@ def members(team: TeamView | str | os.PathLike[str]) -> list[str]:
 def _inbox_stream(
     view: TeamView, name: str, positions: dict[str, tuple[int, int]] | None
 ) -> Iterator[Event]:
-    """One inbox's events with a timestamp for merging: a corrupt line borrows the time of the
-    line before it, so it appears where it sits in the file."""
+    """One inbox's events with a timestamp for merging (`read_inbox`, with a corrupt line
+    borrowing the time of the line before it, so it appears where it sits in the file)."""
     last_ts = 0.0
-    for event in read_inbox(view, name, positions):
+    for entry in view.scan(name):
+        if positions is not None:
+            positions[name] = entry.end
+        event = _event(name, entry.segment, entry.start, entry.raw)
         if event.kind == "corrupt":
             event.ts = last_ts
         else:
@@ -198,7 +273,7 @@ def timeline(
     root = view.directory if agent_files else None
     if root is not None:
         streams += [read_journal(root / "agents" / f"{n}.state.jsonl", n) for n in names]
-    merged: Iterator[Event] = heapq.merge(*streams, key=lambda e: e.ts)
+    merged: Iterator[Event] = heapq.merge(*streams, key=_by_time)
     if root is not None:
         merged = with_decisions(merged, root)
     if watch is not None:

@@ -11,7 +11,9 @@ from typing import Any, Literal
 import anyio
 
 from teamrt.agents.limits import Limits
+from teamrt.agents.mcp_tools import MCPTools
 from teamrt.agents.memory import Memory
+from teamrt.agents.output import FINAL_TOOL, OutputType
 from teamrt.agents.tools import Tool
 from teamrt.errors import LimitExceeded, UsageError
 from teamrt.mail.store import Store, run_local
@@ -66,6 +68,14 @@ class Teammate:
       this teammate's own tools, which returns only its conclusion.
     - Tools named in `needs_approval` refuse to run until the teammate has sent a plan with
       `submit_plan` and the lead approved it (a real gate, in the tool wrapper).
+    - `mcp`: MCP servers (`MCPTools.stdio(...)`, `MCPTools.http(...)`) whose tools the teammate
+      gets beside its own: connected when an incarnation starts (one that cannot connect
+      crashes, and its restart policy applies), closed when it ends, so a restarted teammate
+      gets a fresh server process. `needs_approval` names them as the model sees them.
+    - `output_type`: every task is answered with a value of this type (a pydantic model, or
+      any type a pydantic `TypeAdapter` takes), validated as `Agent(output_type=...)` does; the
+      `task_result` carries it as JSON and `team.ask(name, task, output_type=...)` returns it
+      typed. Rounds of mail stay untyped.
     """
 
     name: str
@@ -84,6 +94,10 @@ class Teammate:
     delegate: bool = False
     prices: dict[str, tuple[float, float]] | None = None
     stream: bool = False
+    mcp: Sequence[MCPTools] = ()
+    output_type: Any = None
+    #: `output_type` made ready for the agent (its schema and validator), built once
+    typed: OutputType | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.context not in ("persistent", "per_task"):
@@ -96,6 +110,16 @@ class Teammate:
         unknown = set(self.wake_on) - {"message", "broadcast", "response"}
         if unknown:
             raise UsageError(f"Teammate.wake_on: unknown kinds {sorted(unknown)}")
+        if self.output_type is not None:
+            self.typed = OutputType(self.output_type)  # a type pydantic cannot take fails here
+            names = [
+                t.name if isinstance(t, Tool) else getattr(t, "__name__", "") for t in self.tools
+            ]
+            if FINAL_TOOL in names:
+                raise UsageError(
+                    f"teammate {self.name!r} has a tool named {FINAL_TOOL!r}, the name of a "
+                    "typed answer's tool: rename the tool"
+                )
 
     def make_model(self) -> Model:
         return self.model if isinstance(self.model, Model) else self.model()

@@ -9,7 +9,7 @@ the teammate could start it), `Busy` (its queue is full), `TeammateCrashed`, `St
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Literal, TypeGuard
+from typing import Any, Literal, TypeGuard
 
 from pydantic import BaseModel
 
@@ -40,7 +40,13 @@ STALE_SHUTDOWN = "StaleShutdown"
 
 
 class TaskResult(BaseModel):
-    """The body of a `result` response: the teammate's answer and how its run ended."""
+    """The body of a `result` response: the teammate's answer and how its run ended.
+
+    A typed teammate (`Teammate(..., output_type=...)`) that answered sends the value as JSON
+    in `output` (its JSON text is `answer` too) and the type's name in `output_name`;
+    `team.ask(..., output_type=...)` validates it back into the type. A typed task whose
+    answer failed validation twice ends with `stop_reason` `invalid_output`.
+    """
 
     answer: str | None
     stop_reason: str
@@ -50,6 +56,8 @@ class TaskResult(BaseModel):
     tokens: int
     cost: float | None
     trace_id: str | None = None  # the trace every envelope of the task carried
+    output: Any = None  # a typed answer, as JSON data
+    output_name: str | None = None  # the name of its type (None: an untyped teammate)
 
 
 class ProgressBody(BaseModel):

@@ -17,7 +17,7 @@ import dataclasses
 import itertools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -30,7 +30,7 @@ from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool, tool
 from teamrt.envelopes import Envelope, Request, current_trace, new_id, tracing
-from teamrt.errors import StopRequested, StoreError, TeamrtError
+from teamrt.errors import StopRequested, StoreError, TeamrtError, UsageError
 from teamrt.models.base import ChatMessage, Model, TextDelta, Usage
 from teamrt.team.config import MemberStatus, Teammate
 from teamrt.team.desk import Desk
@@ -110,6 +110,7 @@ class Runner:
         self._text_waiting = anyio.Event()
         self._approved = False
         self._last: TaskResult | None = None
+        self.mcp_tools: list[Tool] = []  # from the teammate's MCP servers, while connected
 
     def _restore(self, carried: AgentState | None) -> AgentState | None:
         if self.journal_path is not None:
@@ -183,6 +184,7 @@ class Runner:
         self.status.state = "working"
         self.status.last = f"task {request.id} from {request.sender}"
         agent = self._agent()
+        agent.output_type = self.teammate.typed  # a task is typed when the teammate is
         text = request.body if isinstance(request.body, str) else json.dumps(request.body)
         self._streaming = request if request.type == STREAMED_TASK else None
         agent.on_event = self._on_event if self.teammate.stream or self._streaming else None
@@ -218,6 +220,7 @@ class Runner:
         self.status.state = "working"
         self.status.last = "reading mail"
         agent = self._agent()
+        agent.output_type = None  # a round of mail has no one to answer, and no type
         state = agent.state
         self._streaming = None
         agent.on_event = self._on_event if self.teammate.stream else None
@@ -332,6 +335,31 @@ class Runner:
     def recorded(self) -> None:
         self.desk.recorded()
 
+    # -- the teammate's MCP servers, for the length of the incarnation --
+
+    @contextlib.asynccontextmanager
+    async def mcp_servers(self) -> AsyncIterator[None]:
+        """Connect the teammate's MCP servers (each held by a task of its own) and take their
+        tools; close them when the incarnation ends. A server that cannot connect, or a tool
+        name that two tools would share, is a crash of the incarnation at its start."""
+        async with contextlib.AsyncExitStack() as stack:
+            names = {_tool_name(t): "its own tools" for t in self.teammate.tools}
+            for server in self.teammate.mcp:
+                connection = await stack.enter_async_context(server.connect())
+                for found in connection.tools:
+                    if found.name in names:
+                        raise UsageError(
+                            f"{self.name}: tool {found.name!r} of MCP server {server.label!r} "
+                            f"has the name of a tool in {names[found.name]}; give the server "
+                            "a prefix= (or leave it out with deny=)"
+                        )
+                    names[found.name] = f"MCP server {server.label!r}"
+                    self.mcp_tools.append(found)
+            try:
+                yield
+            finally:
+                self.mcp_tools = []
+
     # -- building the agent, once per incarnation --
 
     def _agent(self) -> Agent:
@@ -339,7 +367,7 @@ class Runner:
             return self.agent
         teammate = self.teammate
         model = teammate.make_model()
-        own: list[Tool | Callable[..., Any]] = list(teammate.tools)
+        own: list[Tool | Callable[..., Any]] = [*teammate.tools, *self.mcp_tools]
         if teammate.needs_approval:
             own = self._gated(own)  # for the teammate and for any sub-agent it delegates to
         tools: list[Tool | Callable[..., Any]] = [
@@ -562,6 +590,7 @@ def _tool_name(item: Tool | Callable[..., Any]) -> str:
 
 
 def _result(report: RunReport) -> TaskResult:
+    typed = report.output_name is not None and report.ok and report.answer is not None
     return TaskResult(
         answer=report.answer if report.answer is not None else report.partial,
         stop_reason=report.stop.reason,
@@ -570,4 +599,6 @@ def _result(report: RunReport) -> TaskResult:
         tool_calls=report.tool_calls,
         tokens=report.usage.total_tokens,
         cost=report.cost,
+        output=json.loads(report.answer) if typed and report.answer is not None else None,
+        output_name=report.output_name,
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -25,17 +26,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, TypeVar, overload
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 from pydantic import ValidationError
 
+from teamrt.agents.output import OutputType, Rejected
 from teamrt.agents.state import AgentState
 from teamrt.agents.tools import cancelled_for_real
 from teamrt.envelopes import Envelope, Request, Response, new_id
-from teamrt.errors import Deadlock, MailboxClosed, ReceiveTimeout, TeammateGone, UsageError
+from teamrt.errors import (
+    Deadlock,
+    InvalidOutput,
+    MailboxClosed,
+    OutputError,
+    ReceiveTimeout,
+    TeammateGone,
+    UsageError,
+)
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.store import Lease
 from teamrt.team.config import MemberStatus, TeamBudget, Teammate
@@ -61,6 +71,8 @@ log = logging.getLogger("teamrt.team")
 
 #: Notices (idle, crash, late answers) the lead keeps for inspection; older ones are dropped.
 NOTICES_KEPT = 200
+
+T = TypeVar("T")
 
 
 class Team:
@@ -133,6 +145,7 @@ class Team:
         self._carried: dict[str, AgentState | None] = {}  # conversations, without a journal
         self._waits_for: dict[str, list[str]] = {}  # member -> members its requests wait on
         self._stopping = False
+        self._output_types: dict[Any, OutputType] = {}  # asked for with `ask(output_type=)`
         self.started = time.time()  # reset when the team starts
 
     async def __aenter__(self) -> Self:
@@ -204,10 +217,44 @@ class Team:
 
     # -- asking --
 
+    @overload
     async def ask(
         self, member: str, text: str, *, timeout: float | None = None, trace_id: str | None = None
-    ) -> TaskResult:
-        """Give `member` a task (from the lead) and wait for its result.
+    ) -> TaskResult: ...
+
+    @overload
+    async def ask(
+        self,
+        member: str,
+        text: str,
+        *,
+        output_type: type[T],
+        timeout: float | None = None,
+        trace_id: str | None = None,
+    ) -> T: ...
+
+    @overload
+    async def ask(
+        self,
+        member: str,
+        text: str,
+        *,
+        output_type: Any,
+        timeout: float | None = None,
+        trace_id: str | None = None,
+    ) -> Any: ...
+
+    async def ask(
+        self,
+        member: str,
+        text: str,
+        *,
+        output_type: Any = None,
+        timeout: float | None = None,
+        trace_id: str | None = None,
+    ) -> Any:
+        """Give `member` a task (from the lead) and wait for its result: the `TaskResult`, or
+        with `output_type`, the typed answer.
 
         `member` may name a pool (`Teammate(..., replicas=N)`): the task goes to its least busy
         replica. Raises `RemoteError` with `error_type` `Busy` (the member's queue is full) or
@@ -215,9 +262,38 @@ class Team:
         `TeammateGone` for a member that crashed for good. The task starts a trace (or
         continues `trace_id`): every envelope of it, in any process, carries the id, which the
         result gives back (`teamrt replay DIR --trace ID` shows the whole tree).
+
+        `output_type` (usually the teammate's declared `Teammate(output_type=...)`; the member
+        may run in another process) returns the answer validated into that type. A task that
+        ends without one raises `InvalidOutput` (the answer failed validation twice, or does
+        not match `output_type`) or `OutputError` (it stopped for another reason, or the
+        teammate answered with text); both carry the `TaskResult`. A member of this team that
+        declares no `output_type` is refused with `UsageError` before anything is sent.
         """
+        typed = self._output_type(member, output_type) if output_type is not None else None
         request = self._task(member, text, TASK, timeout, trace_id)
-        return TaskResult.model_validate((await self._request(request, timeout)).body)
+        result = TaskResult.model_validate((await self._request(request, timeout)).body)
+        return result if typed is None else typed_answer(request.recipient, result, typed)
+
+    def _output_type(self, member: str, output_type: Any) -> OutputType:
+        """`output_type` ready to validate answers; refused for a member of this team (or a
+        pool) whose teammate declares none, since it would answer with text."""
+        names = self.pools.get(member, (member,))
+        for name in names:
+            teammate = self.teammates.get(name)
+            if teammate is not None and teammate.output_type is None:
+                raise UsageError(
+                    f"{member!r} declares no output_type, so it answers with text: give its "
+                    "Teammate an output_type (Teammate(..., output_type=...)) to ask for a "
+                    "typed answer"
+                )
+        try:
+            return self._output_types[output_type]
+        except (KeyError, TypeError):  # not seen yet, or a type that cannot be a key
+            typed = OutputType(output_type)
+        with contextlib.suppress(TypeError):
+            self._output_types[output_type] = typed
+        return typed
 
     def _task(
         self, member: str, text: str, kind: str, timeout: float | None, trace_id: str | None
@@ -616,7 +692,7 @@ class Team:
         try:
             with anyio.CancelScope() as scope:
                 runner.scope = scope
-                async with anyio.create_task_group() as tasks:
+                async with runner.mcp_servers(), anyio.create_task_group() as tasks:
                     tasks.start_soon(runner.desk.listen)
                     tasks.start_soon(runner.flusher)
                     await runner.serve(ready)
@@ -640,6 +716,36 @@ class Team:
         log.warning("cancelling %s: %s", member, reason)
         runner.cancelled = reason
         runner.scope.cancel()
+
+
+def typed_answer(member: str, result: TaskResult, typed: OutputType) -> Any:
+    """The value of a teammate's typed answer, validated as `typed`; `InvalidOutput` or
+    `OutputError` (carrying the result) when the task ended without one."""
+
+    def error(kind: type[OutputError], message: str) -> OutputError:
+        return kind(message, stop_reason=result.stop_reason, detail=result.detail, result=result)
+
+    if result.stop_reason == "answer" and result.output_name is not None:
+        try:
+            return typed.check(json.dumps(result.output)).value
+        except Rejected as exc:
+            raise error(
+                InvalidOutput,
+                f"{member}'s answer ({result.output_name}) does not match {typed.name}: {exc}",
+            ) from None
+    if result.stop_reason == "invalid_output":
+        raise error(InvalidOutput, f"{member} gave no valid {typed.name}: {result.detail}")
+    if result.stop_reason == "answer":
+        raise error(
+            OutputError,
+            f"{member} answered with text, not a typed answer ({typed.name}): its Teammate "
+            "declares no output_type",
+        )
+    raise error(
+        OutputError,
+        f"{member} stopped ({result.stop_reason}) without a typed answer ({typed.name}): "
+        f"{result.detail}",
+    )
 
 
 class TeammateCancelled(Exception):

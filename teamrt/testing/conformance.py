@@ -31,6 +31,7 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
+from teamrt.codec import EnvelopeFields
 from teamrt.envelopes import Envelope, Request, register_payload
 from teamrt.errors import (
     EnvelopeTooLarge,
@@ -140,6 +141,64 @@ class MailboxConformance:
                 inbox.receive_batch_nowait(max=0)
             await inbox.ack(*first, *rest)
             assert inbox.statistics().unacked == 0
+
+    async def test_drain_hands_out_checked_fields_without_models(
+        self, harness: StoreHarness
+    ) -> None:
+        async with harness.open() as mail:
+            inbox = await mail.open_inbox("worker")
+            assert inbox.drain_nowait() == []
+            sent = [Envelope.message("lead", "worker", {"i": i}) for i in range(30)]
+            await mail.send_many(sent)
+            # a line that does not decode is quarantined on this path too
+            harness.write_raw("worker", b'{"seq": 99, "kind": "message", oops\n')
+            await mail.send(Envelope.message("lead", "worker", {"i": 30}))
+            first = await inbox.drain(max=10, timeout=5)
+            assert len(first) == 10
+            got = first + inbox.drain_nowait(max=1000)
+            while len(got) < 31:  # a network store hands out what it has fetched
+                got += await inbox.drain(max=1000, timeout=5)
+            assert all(isinstance(f, EnvelopeFields) for f in got)
+            assert [f.body for f in got] == [{"i": i} for i in range(31)]
+            # each record builds the envelope that was sent, stamped with seq and team
+            assert [f.to_envelope() for f in got[:30]] == [
+                e.model_copy(update={"seq": f.seq, "team": mail.team})
+                for e, f in zip(sent, got, strict=False)
+            ]
+            assert inbox.statistics().quarantined == 1
+            with pytest.raises(ReceiveTimeout):
+                await inbox.drain(timeout=0.05)
+            with pytest.raises(UsageError):
+                inbox.drain_nowait(max=0)
+            # released records come back first, to receive() as envelopes
+            inbox.release(got[5])
+            again = inbox.receive_nowait()
+            assert again == got[5].to_envelope()
+            await inbox.ack(*got[:20])  # the last eleven stay unacked
+        async with harness.open() as mail:
+            inbox = await mail.open_inbox("worker")
+            assert [f.body["i"] for f in inbox.drain_nowait()] == list(range(20, 31))
+
+    async def test_drain_leaves_answers_to_the_requests_awaiting_them(
+        self, harness: StoreHarness
+    ) -> None:
+        async with harness.open() as mail:
+            lead = await mail.open_inbox("lead")
+            worker = await mail.open_inbox("worker")
+
+            async def answer() -> None:
+                request = await worker.receive(timeout=5)
+                await mail.send(Envelope.message("worker", "lead", "before the answer"))
+                await mail.send(Envelope.response(request, "done", type="result"))
+                await worker.ack(request)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(answer)
+                ask = Envelope.request("lead", "worker", "go", type="task", timeout=5)
+                response = await mail.request(ask)
+            assert response.body == "done"
+            got = lead.drain_nowait()
+            assert [f.body for f in got] == ["before the answer"]
 
     async def test_receive_nowait_and_timeout(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
