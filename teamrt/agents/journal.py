@@ -15,9 +15,9 @@ Every line carries `ts`, when it was written. The journal a task start replaces 
 `<agent>.state.prev.jsonl`, so that the agent's state at any moment of its current or previous
 task can be rebuilt (`teamrt fork`). Replaying the lines rebuilds the state, so a long run never
 rewrites its history. A crash loses at most the call in progress: a resumed run re-runs only the
-tool calls of the last reply that have no `result` line, with the same call ids. The transcript (`<agent>.transcript.jsonl`) records every
-model call: the messages sent since the previous call and the reply, enough to replay a run
-without the model.
+tool calls of the last reply that have no `result` line, with the same call ids. The transcript
+(`<agent>.transcript.jsonl`) records every model call: the messages sent since the previous call
+and the reply, enough to replay a run without the model.
 """
 
 from __future__ import annotations
