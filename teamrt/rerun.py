@@ -9,6 +9,11 @@ is reported, so a change can be checked against a recorded run without any model
 A typed agent's recording says whether its calls held the model to the answer's schema
 (structured output); the recorded model claims the same, so the re-run asks for the answer the
 same way (or through the same final-answer tool) and validates it again.
+
+Given a model as well (`rerun(..., model=...)`, and `rerun_team` for every agent of a team), each
+step also asks that model, with the same conversation, and compares its reply with the recorded
+one: the first step where the new model would have done something else is the divergence. The
+recorded reply is what the loop goes on with, so later steps are compared on the same footing.
 """
 
 from __future__ import annotations
@@ -17,16 +22,26 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ConfigDict, TypeAdapter, create_model
 
 from teamrt.agents.loop import Agent
 from teamrt.agents.output import OutputType
 from teamrt.agents.state import AgentState, RunReport
-from teamrt.agents.tools import Tool
+from teamrt.agents.tools import Tool, tool
 from teamrt.errors import ModelError, UsageError
-from teamrt.models.base import ChatMessage, ModelReply, OutputSpec, ToolSpec
+from teamrt.models.base import (
+    ChatMessage,
+    Model,
+    ModelReply,
+    OutputSpec,
+    StructuredOutputModel,
+    ToolSpec,
+)
+
+if TYPE_CHECKING:
+    from teamrt.team.config import Teammate
 
 _MESSAGES = TypeAdapter(list[ChatMessage])
 MESSAGING = ("send_message", "wait_for_messages", "request", "reply", "broadcast")
@@ -90,14 +105,26 @@ def first_difference(recorded: list[ChatMessage], now: Sequence[ChatMessage]) ->
     return None
 
 
+def _same_reply(a: ChatMessage, b: ChatMessage) -> bool:
+    """Whether two replies say and call the same (tool call ids aside)."""
+    return (a.content or "", [(c.name, c.arguments) for c in a.tool_calls]) == (
+        b.content or "",
+        [(c.name, c.arguments) for c in b.tool_calls],
+    )
+
+
 class RecordedModel:
     """Answers from a recording, and checks the conversation at every call. It does
-    structured output when the recorded calls did (a typed agent's, on such a model)."""
+    structured output when the recorded calls did (a typed agent's, on such a model). With
+    `live`, it also asks that model and checks that it replies as recorded."""
 
-    def __init__(self, steps: list[Step], name: str = "recorded") -> None:
+    def __init__(
+        self, steps: list[Step], name: str = "recorded", live: Model | None = None
+    ) -> None:
         self.steps = steps
         self.calls = 0
         self._name = name
+        self.live = live
         self._structured = any(step.structured for step in steps)
         self.divergence: Divergence | None = None
 
@@ -129,6 +156,22 @@ class RecordedModel:
         if difference is not None:
             self.divergence = Divergence(step, difference)
             raise self.divergence
+        if self.live is not None:
+            live = self.live
+            if (
+                output is not None
+                and isinstance(live, StructuredOutputModel)
+                and live.structured_output
+            ):
+                now = (await live.complete(messages, tools, output=output)).as_message()
+            else:
+                now = (await live.complete(messages, tools)).as_message()
+            if not _same_reply(recorded.reply.as_message(), now):
+                self.divergence = Divergence(
+                    step,
+                    f"the reply: recorded {_show(recorded.reply.as_message())}, now {_show(now)}",
+                )
+                raise self.divergence
         self.calls += 1
         return recorded.reply
 
@@ -195,10 +238,12 @@ async def rerun(
     task: str | None = None,
     *,
     output_type: Any = None,
+    model: Model | None = None,
 ) -> tuple[RunReport | None, Divergence | None, int]:
     """Re-run agent `name` from `directory` (its agents/ folder). Returns the report, the
     divergence if any, and the number of recorded steps. `output_type`: the agent's (a typed
-    teammate's), so that its answers are asked for and validated as they were."""
+    teammate's), so that its answers are asked for and validated as they were. With `model`,
+    each step's reply from that model must also match the recorded one."""
     path = directory / f"{name}.transcript.jsonl"
     if not path.exists():
         raise UsageError(f"no transcript at {path}")
@@ -214,36 +259,92 @@ async def rerun(
             order_by_tool.setdefault(call.name, []).append(call.id)
     kept = [t for t in tools if t.name not in MESSAGING]
     stubs = [_stub(n, results, order_by_tool.get(n, [])) for n in MESSAGING if n in order_by_tool]
-    model = RecordedModel(steps)
+    recorded = RecordedModel(steps, live=model)
     agent = Agent(
         name,
-        model,
+        recorded,
         instructions=instructions,
         tools=[*kept, *stubs],
         keep_context=True,
-        inbound=_RecordedMail(steps, model),
+        inbound=_RecordedMail(steps, recorded),
     )
     typed = OutputType(output_type) if output_type is not None else None
 
     def recorded_typing() -> None:  # a teammate's tasks are typed, its rounds of mail not
-        step = steps[model.calls] if model.calls < len(steps) else None
+        step = steps[recorded.calls] if recorded.calls < len(steps) else None
         agent.output_type = typed if step is not None and step.output is not None else None
 
     recorded_typing()
     report = await agent.run(task)
     # a teammate's conversation carries across tasks: each later task (or round of mail) is the
     # user message that opens the next recorded call
-    while model.divergence is None and model.calls < len(steps) and agent.state is not None:
-        opening = steps[model.calls].context[len(agent.state.messages) :]
+    while recorded.divergence is None and recorded.calls < len(steps) and agent.state is not None:
+        opening = steps[recorded.calls].context[len(agent.state.messages) :]
         if not opening or opening[0].role != "user":
             break
         recorded_typing()
         report = await agent.run(opening[0].content or "")
-    divergence = model.divergence
-    if divergence is None and model.calls < len(steps):
+    divergence = recorded.divergence
+    if divergence is None and recorded.calls < len(steps):
         divergence = Divergence(
-            model.calls + 1,
-            f"the re-run stopped after {model.calls} model "
+            recorded.calls + 1,
+            f"the re-run stopped after {recorded.calls} model "
             f"calls ({report.stop.reason}); the recording has {len(steps)}",
         )
     return report, divergence, len(steps)
+
+
+def _recorded_agents(directory: Path) -> list[str]:
+    """The agents with a transcript in `directory`."""
+    return sorted(
+        p.name.removesuffix(".transcript.jsonl") for p in directory.glob("*.transcript.jsonl")
+    )
+
+
+@dataclass
+class AgentRerun:
+    """One agent of a team re-run: its recorded steps, and the first divergence (None: the
+    same again), or why it was not re-run (`skipped`)."""
+
+    name: str
+    steps: int
+    divergence: Divergence | None
+    report: RunReport | None = None
+    skipped: str | None = None
+
+
+async def rerun_team(
+    directory: Path, teammates: Sequence[Teammate], *, models: bool = True
+) -> list[AgentRerun]:
+    """Re-run every teammate that has a transcript in `directory` (the team's agents/ folder)
+    with its tools and instructions as the code has them now and, with `models`, its model
+    asked at every step (`Teammate.make_model()`: a scripted model shows whether a changed
+    script still does what was recorded). An agent with a transcript and no teammate is
+    reported as skipped."""
+    results: list[AgentRerun] = []
+    named = {t.name: t for t in teammates}
+    recorded = _recorded_agents(directory)
+    for name in [*named, *(n for n in recorded if n not in named)]:
+        if name not in recorded:
+            continue
+        teammate = named.get(name)
+        if teammate is None:
+            results.append(AgentRerun(name, 0, None, skipped="no teammate of that name given"))
+            continue
+        tools = [t if isinstance(t, Tool) else tool(t) for t in teammate.tools]
+        model = teammate.make_model() if models else None
+        try:
+            report, divergence, steps = await rerun(
+                directory,
+                name,
+                tools,
+                teammate.instructions,
+                output_type=teammate.typed,
+                model=model,
+            )
+        finally:
+            close = getattr(model, "aclose", None)
+            if close is not None and not isinstance(teammate.model, Model):
+                await close()
+        results.append(AgentRerun(name, steps, divergence, report))
+    return results

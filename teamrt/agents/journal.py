@@ -11,11 +11,13 @@ The journal (`<agent>.state.jsonl`) has one JSON line per event:
 - `step`: the end of a step (messages it added beyond the reply and the results, counters);
 - `replace`: the conversation after memory compacted it; `stop`: how the task ended.
 
-Replaying the lines rebuilds the state, so a long run never rewrites its history. A crash loses at
-most the call in progress: a resumed run re-runs only the tool calls of the last reply that have no
-`result` line, with the same call ids. The transcript (`<agent>.transcript.jsonl`) records every
-model call: the messages sent since the previous call and the reply, enough to replay a run
-without the model.
+Every line carries `ts`, when it was written. The journal a task start replaces is kept as
+`<agent>.state.prev.jsonl`, so that the agent's state at any moment of its current or previous
+task can be rebuilt (`teamrt fork`). Replaying the lines rebuilds the state, so a long run never
+rewrites its history. A crash loses at most the call in progress: a resumed run re-runs only the
+tool calls of the last reply that have no `result` line, with the same call ids. The transcript
+(`<agent>.transcript.jsonl`) records every model call: the messages sent since the previous call
+and the reply, enough to replay a run without the model.
 """
 
 from __future__ import annotations
@@ -97,6 +99,22 @@ def _replace_file(path: Path, data: bytes) -> None:
         raise StoreError(exc.errno or 0, f"write {path}: {exc.strerror}") from None
 
 
+def _keep(path: Path, kept: Path) -> None:
+    """Keep the file at `path` under the name `kept` too (replacing what was there), by a hard
+    link renamed into place: at every instant both names hold a whole journal."""
+    tmp = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(path, tmp, follow_symlinks=False)
+        except FileNotFoundError:
+            return  # no journal yet: nothing to keep
+        os.replace(tmp, kept)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(exc.errno or 0, f"keep {path} as {kept}: {exc.strerror}") from None
+
+
 def _truncate(path: Path, length: int) -> None:
     try:
         os.truncate(path, length)
@@ -119,16 +137,28 @@ class Journal:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
 
+    @property
+    def previous_path(self) -> Path:
+        """Where the journal of the task before the current one is kept
+        (`<agent>.state.prev.jsonl` beside `<agent>.state.jsonl`)."""
+        return self.path.with_name(self.path.name.removesuffix(".jsonl") + ".prev.jsonl")
+
     def start(self, state: AgentState) -> None:
-        """Begin a task: the journal becomes one snapshot of `state`."""
+        """Begin a task: the journal becomes one snapshot of `state`. The journal it replaces
+        (the previous task's) is kept as `previous_path`, so that a fork can go back into it."""
         _prepare(self.path)
-        _replace_file(self.path, _encode({"t": "start", "state": state.model_dump(mode="json")}))
+        _keep(self.path, self.previous_path)
+        _replace_file(
+            self.path,
+            _encode({"t": "start", "ts": time.time(), "state": state.model_dump(mode="json")}),
+        )
 
     def replace(self, messages: list[ChatMessage], task_index: int | None = None) -> None:
         _append_line(
             self.path,
             {
                 "t": "replace",
+                "ts": time.time(),
                 "messages": [m.model_dump(mode="json") for m in messages],
                 "task_index": task_index,
             },
@@ -148,6 +178,7 @@ class Journal:
             self.path,
             {
                 "t": "call",
+                "ts": time.time(),
                 "inject": _dump(injected),
                 "handled": handled,
                 "reply": reply.model_dump(mode="json", exclude_defaults=True),
@@ -161,7 +192,12 @@ class Journal:
         """One tool call finished: a resumed run will not run it again."""
         _append_line(
             self.path,
-            {"t": "result", "id": call_id, "message": message.model_dump(mode="json")},
+            {
+                "t": "result",
+                "ts": time.time(),
+                "id": call_id,
+                "message": message.model_dump(mode="json"),
+            },
         )
 
     def step(
@@ -177,6 +213,7 @@ class Journal:
             self.path,
             {
                 "t": "step",
+                "ts": time.time(),
                 "append": _dump(appended),
                 "calls": calls,
                 "digests": digests,

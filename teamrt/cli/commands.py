@@ -138,6 +138,8 @@ async def rerun(args: argparse.Namespace) -> int:
     from teamrt.rerun import rerun
 
     args.dir = team_at(args.dir)
+    if args.team:
+        return await _rerun_team(args)
     validate_name(args.agent, what="agent name (--agent)")
     tools: list[Tool] = []
     instructions = ""
@@ -160,11 +162,64 @@ async def rerun(args: argparse.Namespace) -> int:
     return 1
 
 
+async def _rerun_team(args: argparse.Namespace) -> int:
+    from teamrt.rerun import rerun_team
+
+    if not args.spec:
+        raise UsageError("rerun --team needs --spec module:object naming the team's teammates")
+    directory = _agent_dir(args)
+    if not directory.is_dir():
+        raise UsageError(f"no agents' folder at {directory}: give --agent-dir")
+    results = await rerun_team(directory, load_teammates(args.spec))
+    if not results:
+        raise UsageError(f"no transcript in {directory} of any teammate --spec {args.spec} names")
+    diverged = 0
+    for result in results:
+        if result.skipped is not None:
+            print(f"{result.name}: not re-run ({result.skipped})")
+        elif result.divergence is None:
+            print(f"{result.name}: {result.steps} recorded steps, the same again")
+        else:
+            diverged += 1
+            print(f"{result.name}: {result.divergence}")
+    return 1 if diverged else 0
+
+
+def load_teammates(spec: str) -> list[Any]:
+    """The Teammates that `--spec module:object` names for a whole team: a Teammate, a list
+    of them, or a function returning either."""
+    from teamrt.team import Teammate
+
+    target = _load(spec)
+    if callable(target) and not isinstance(target, Teammate):
+        target = _call(spec, target)
+    items = [target] if isinstance(target, Teammate) else target
+    if not isinstance(items, list | tuple) or not all(isinstance(t, Teammate) for t in items):
+        raise UsageError(
+            f"--spec {spec} is a {type(target).__name__}, not a list of Teammates (or a "
+            "function returning one)"
+        )
+    return list(items)
+
+
 def load_teammate(spec: str) -> Any:
     """The Teammate that `--spec module:object` names: the object, or what calling it returns.
     A spec that names nothing is a usage mistake; a module or factory that fails is a failure."""
     from teamrt.team import Teammate
 
+    target = _load(spec)
+    if callable(target) and not isinstance(target, Teammate):
+        target = _call(spec, target)
+    if not isinstance(target, Teammate):
+        raise UsageError(
+            f"--spec {spec} is a {type(target).__name__}, not a Teammate (or a function "
+            "returning one)"
+        )
+    return target
+
+
+def _load(spec: str) -> Any:
+    """The object `module:object` names."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise UsageError(f"--spec {spec!r} must be module:object, e.g. mypkg.team:writer")
@@ -184,19 +239,17 @@ def load_teammate(spec: str) -> Any:
     target = getattr(module, attribute, None)
     if target is None:
         raise UsageError(f"--spec {spec}: module {module_name} has no {attribute!r}")
-    if callable(target) and not isinstance(target, Teammate):
-        try:
-            target = target()
-        except Exception as exc:
-            raise TeamrtError(
-                f"--spec {spec}: calling {attribute}() raised {type(exc).__name__}: {exc}"
-            ) from None
-    if not isinstance(target, Teammate):
-        raise UsageError(
-            f"--spec {spec} is a {type(target).__name__}, not a Teammate (or a function "
-            "returning one)"
-        )
     return target
+
+
+def _call(spec: str, factory: Any) -> Any:
+    """What calling the spec's function returns (a failure of its own is a failure)."""
+    try:
+        return factory()
+    except Exception as exc:
+        raise TeamrtError(
+            f"--spec {spec}: calling {spec.partition(':')[2]}() raised {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def bench(args: argparse.Namespace) -> int:

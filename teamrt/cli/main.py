@@ -1,4 +1,5 @@
-"""The `teamrt` command: send, inspect, repair, replay, rerun, bench, run-agent, demo, eval.
+"""The `teamrt` command: send, inspect, repair, replay, rerun, fork, bench, run-agent, demo,
+eval.
 
 Commands raise teamrt's own errors (`UsageError` for the caller's mistakes) and never print a
 traceback: `teamrt.cli.runner` runs them, words what went wrong in one line and turns SIGINT and
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 from teamrt import __version__
 from teamrt.cli import commands as cmd
+from teamrt.cli import fork as fork_command
 from teamrt.cli.eval import add_eval_command
 from teamrt.cli.runner import Parser, configure_logging, execute
 from teamrt.cli.send import send as send_command
@@ -198,16 +200,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     rerun = commands.add_parser(
         "rerun",
-        help="run an agent again against its recorded transcript, with no model calls",
+        help="run an agent (or every agent) again against its recorded transcript",
         description="Replays the recorded model replies and checks, step by step, that the "
         "loop builds the same conversation; the spec's tools run for real, messaging tools "
         "return what they returned in the recording. Reports the first step that differs "
-        "(exit code 1) or that the run is the same (0).",
+        "(exit code 1) or that the run is the same (0). With --team, the spec names the team's "
+        "teammates (a list, or a function returning one) and every agent with a transcript is "
+        "re-run, each step also asking the teammate's model (a scripted one, say) whether it "
+        "replies as recorded; the first divergence is reported per agent.",
     )
     rerun.add_argument(
         "dir", nargs="?", help=TEAM_HELP + " (a team directory's agents/ holds the transcripts)"
     )
-    rerun.add_argument("--agent", required=True, help="the agent to re-run")
+    which = rerun.add_mutually_exclusive_group(required=True)
+    which.add_argument("--agent", help="the agent to re-run")
+    which.add_argument(
+        "--team",
+        action="store_true",
+        help="re-run every agent, with the models of the teammates --spec names",
+    )
     rerun.add_argument(
         "--agent-dir",
         help="the folder of the agent's transcript (default: the team directory's agents/, "
@@ -216,9 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     rerun.add_argument(
         "--spec",
         help="module:object naming the agent's Teammate (its tools and "
-        "instructions as the code has them now)",
+        "instructions as the code has them now); with --team, the teammates",
     )
     rerun.set_defaults(run=cmd.rerun)
+
+    fork_command.add_command(commands)
 
     bench = commands.add_parser(
         "bench",

@@ -1,7 +1,7 @@
 """Mailboxes: the record format, the store seam, the file and memory stores, the async API."""
 
 from teamrt.mail.filestore import FileMailboxes, FileStore, FileView
-from teamrt.mail.filestore.export import export_team
+from teamrt.mail.filestore.export import InboxCut, export_team
 from teamrt.mail.filestore.repair import repair_team
 from teamrt.mail.locator import open_mailboxes, open_store, open_view
 from teamrt.mail.mailboxes import Inbox, InboxStatistics, Mailboxes
@@ -14,6 +14,7 @@ __all__ = [
     "FileStore",
     "FileView",
     "Inbox",
+    "InboxCut",
     "InboxReader",
     "InboxStatistics",
     "Lease",
