@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ from teamrt.errors import TeamrtError, UsageError
 from teamrt.mail import open_mailboxes, open_view
 from teamrt.mail.locator import is_url, with_team
 from teamrt.names import validate_name
+from teamrt.specs import load_object
 
 
 def inspect(args: argparse.Namespace) -> int:
@@ -220,26 +220,7 @@ def load_teammate(spec: str) -> Any:
 
 def _load(spec: str) -> Any:
     """The object `module:object` names."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise UsageError(f"--spec {spec!r} must be module:object, e.g. mypkg.team:writer")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module_name.startswith(exc.name):
-            raise UsageError(
-                f"--spec {spec}: no module named {exc.name!r}; check the spelling, and that it "
-                "is importable from here (installed, or on PYTHONPATH)"
-            ) from None
-        raise TeamrtError(f"--spec {spec}: importing {module_name} failed: {exc}") from None
-    except Exception as exc:
-        raise TeamrtError(
-            f"--spec {spec}: importing {module_name} raised {type(exc).__name__}: {exc}"
-        ) from None
-    target = getattr(module, attribute, None)
-    if target is None:
-        raise UsageError(f"--spec {spec}: module {module_name} has no {attribute!r}")
-    return target
+    return load_object(spec, "--spec", "mypkg.team:writer")
 
 
 def _call(spec: str, factory: Any) -> Any:

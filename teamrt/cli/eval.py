@@ -12,11 +12,11 @@ Exit status: 0 when every case passed (no regression, for --compare; cases writt
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from teamrt.cli.runner import positive_int, seconds
 from teamrt.errors import UsageError
 
 HELP = (
@@ -39,26 +39,6 @@ changes); exit status 1 when a case broke or its score went down.
 
 --from-run TEAM: each task of a recorded team run (a request answered with a task_result)
 as a case, with checks derived from the recorded answer to edit; written as JSONL."""
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
-    return value
 
 
 def add_eval_command(commands: Any) -> None:
@@ -96,14 +76,14 @@ def add_eval_command(commands: Any) -> None:
     )
     parser.add_argument(
         "--concurrency",
-        type=_positive_int,
+        type=positive_int,
         default=4,
         metavar="N",
         help="cases run at the same time (default 4)",
     )
     parser.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=seconds,
         default=300.0,
         metavar="SECONDS",
         help="time limit of one case (default 300); a case past it is an error",

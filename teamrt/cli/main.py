@@ -8,7 +8,6 @@ SIGTERM into a graceful stop."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from teamrt import __version__
 from teamrt.cli import commands as cmd
 from teamrt.cli import fork as fork_command
 from teamrt.cli.eval import add_eval_command
-from teamrt.cli.runner import Parser, configure_logging, execute
+from teamrt.cli.runner import Parser, configure_logging, execute, positive_int, seconds
 from teamrt.cli.send import send as send_command
 
 DESCRIPTION = """\
@@ -33,26 +32,6 @@ TEAM_HELP = (
     "team directory (e.g. mailboxes/demo) or store URL (redis://HOST:PORT/DB?team=NAME); "
     "default: $TEAMRT_STORE"
 )
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
-    return value
 
 
 def _level(text: str) -> str:
@@ -109,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--in-reply-to", help="for --kind response: the request id")
     send.add_argument(
         "--wait",
-        type=_seconds,
+        type=seconds,
         metavar="SECONDS",
         help="for --kind request: wait this long for the response and print it (the answer "
         "is read without consuming the sender's inbox: its owner, if running, gets it too)",
@@ -257,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--rounds",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="rounds of each figure (default: 5, or 3 with --quick)",
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import logging
+import math
 import os
 import signal
 import sys
@@ -21,6 +22,28 @@ from teamrt import telemetry
 from teamrt.errors import TeamrtError, UsageError
 
 log = logging.getLogger("teamrt.cli")
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return value
 
 
 class Parser(argparse.ArgumentParser):

@@ -16,7 +16,6 @@ stopped, steps, tool calls, tokens and cost.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import shutil
 import tempfile
@@ -34,6 +33,7 @@ from teamrt.errors import TeamrtError, UsageError
 from teamrt.evals.cases import Case
 from teamrt.mail import open_mailboxes
 from teamrt.models.base import Model
+from teamrt.specs import load_object
 from teamrt.team import TaskResult, Team, Teammate
 
 
@@ -201,30 +201,8 @@ def _wants_input(function: Callable[..., Any]) -> bool:
 
 
 def resolve(spec: str, option: str = "--target") -> Any:
-    """The object `module:object` names. A spec that names nothing is a `UsageError`; a module
-    that fails to import is a `TeamrtError` saying so."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise UsageError(f"{option} {spec!r} must be module:object, e.g. mypkg.evals:agent")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module_name.startswith(exc.name):
-            raise UsageError(
-                f"{option} {spec}: no module named {exc.name!r}; check the spelling, and that "
-                "it is importable from here (installed, or on PYTHONPATH)"
-            ) from None
-        raise TeamrtError(f"{option} {spec}: importing {module_name} failed: {exc}") from None
-    except Exception as exc:
-        raise TeamrtError(
-            f"{option} {spec}: importing {module_name} raised {type(exc).__name__}: {exc}"
-        ) from None
-    value: Any = module
-    for part in attribute.split("."):
-        value = getattr(value, part, None)
-        if value is None:
-            raise UsageError(f"{option} {spec}: module {module_name} has no {attribute!r}")
-    return value
+    """The object `module:object` names (see `teamrt.specs.load_object`)."""
+    return load_object(spec, option, "mypkg.evals:agent")
 
 
 def _call(factory: Callable[[], Any], spec: str) -> Any:
