@@ -39,6 +39,7 @@ from teamrt.envelopes import (
     Request,
     Response,
     current_trace,
+    payload_model,
     validate_body,
 )
 from teamrt.errors import (
@@ -228,22 +229,35 @@ class Mailboxes:
     # -- sending --
 
     def _encode(self, envelope: Envelope) -> bytes:
-        if envelope.trace_id is None and (trace := current_trace()) is not None:
-            envelope = envelope.model_copy(update={"trace_id": trace})  # the task's trace
-        if telemetry.enabled() and envelope.traceparent is None:
-            envelope = envelope.model_copy(update={"traceparent": telemetry.traceparent()})
-        if envelope.team is not None and envelope.team != self.store.team:
-            raise UsageError(f"envelope is for team {envelope.team!r}, not {self.store.team!r}")
-        validate_body(envelope.type, envelope.body)
-        encoded = encode(envelope, finite=True)
-        if self._signer is not None:
-            encoded = self._signer.sign(encoded, self.store.team)
-        if len(encoded) > self.store.max_envelope:
-            raise EnvelopeTooLarge(
-                f"envelope {envelope.id} from {envelope.sender} is {len(encoded)} bytes encoded, "
-                f"over the limit of {self.store.max_envelope}; nothing was sent"
-            )
-        return encoded
+        return self._encode_many((envelope,))[0]
+
+    def _encode_many(self, envelopes: Iterable[Envelope]) -> list[bytes]:
+        """Each envelope as the line its inbox gets (before `seq` and `team`), checked; what is
+        the same for the whole batch is looked up once (the batched send's hot path)."""
+        trace = current_trace()
+        traced = telemetry.enabled()
+        team, limit, signer = self.store.team, self.store.max_envelope, self._signer
+        payload_for = payload_model
+        lines = []
+        for envelope in envelopes:
+            if envelope.trace_id is None and trace is not None:
+                envelope = envelope.model_copy(update={"trace_id": trace})  # the task's trace
+            if traced and envelope.traceparent is None:
+                envelope = envelope.model_copy(update={"traceparent": telemetry.traceparent()})
+            if envelope.team is not None and envelope.team != team:
+                raise UsageError(f"envelope is for team {envelope.team!r}, not {team!r}")
+            if payload_for(envelope.type) is not None:
+                validate_body(envelope.type, envelope.body)
+            encoded = encode(envelope, finite=True)
+            if signer is not None:
+                encoded = signer.sign(encoded, team)
+            if len(encoded) > limit:
+                raise EnvelopeTooLarge(
+                    f"envelope {envelope.id} from {envelope.sender} is {len(encoded)} bytes "
+                    f"encoded, over the limit of {limit}; nothing was sent"
+                )
+            lines.append(encoded)
+        return lines
 
     async def send(self, envelope: Envelope) -> None:
         """Append `envelope` to its recipient's inbox (every other member's, for a broadcast).
@@ -350,7 +364,7 @@ class Mailboxes:
                 for broadcast in group:
                     await self.send(broadcast)
                 continue
-            batch = [self._encode(envelope) for envelope in group]
+            batch = self._encode_many(group)
             await self._append(recipient, batch)
             self._wake(recipient)
 
