@@ -6,6 +6,8 @@ redis-server is installed)."""
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from teamrt.cli.replay import run_replay
 from teamrt.codec import FIELD_NAMES, EnvelopeFields, decode_fields
 from teamrt.envelopes import Envelope, Request
 from teamrt.errors import MailboxClosed, ReceiveTimeout, RequestTimeout, UsageError
@@ -21,6 +24,8 @@ from teamrt.mail.inbox import Inbox
 from teamrt.mail.log import decode_line, encode, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.memory import MemoryStore
+from teamrt.replay import Event, Filter, Summary, timeline
+from teamrt.replay.timeline import _event, _event_checked
 from teamrt.testing.conformance import StoreHarness
 from tests.redis_server import REDIS_SERVER, RedisServer, shared_redis
 
@@ -167,12 +172,7 @@ async def test_many_concurrent_requests_on_one_inbox_all_get_their_answers(
             while done < count:
                 batch = await worker.drain(max=7, timeout=10)
                 for record in reversed(batch):  # answered out of order
-                    await mail.send(
-                        Envelope.response(
-                            record.to_envelope(),  # type: ignore[arg-type]
-                            record.body * 10,
-                        )
-                    )
+                    await mail.send(Envelope.response(record.to_envelope(), record.body * 10))
                 await worker.ack(*batch)
                 done += len(batch)
 
@@ -318,3 +318,165 @@ async def test_a_signed_team_drains_only_what_the_key_signed_and_releases_it(
         inbox.release(got[1])
         assert inbox.drain_nowait() == [got[1]]
         await inbox.ack(*got)
+
+
+# --- the typed decode against decode_line -----------------------------------------------------
+
+_LINE = (
+    b'{"seq":3,"team":"t","v":1,"id":"x","kind":"message","type":"text","sender":"lead",'
+    b'"recipient":"w","in_reply_to":null,"trace_id":null,"traceparent":null,"ts":TS,'
+    b'"deadline":null,"body":BODY}'
+)
+NUMBERS = [
+    b"-0", b"-0.0", b"0e0", b"-0e5", b"1E2", b"1e+2", b"1E-2", b"1e400", b"-1e400", b"1e-400",
+    b"1" + b"0" * 400, b"0." + b"0" * 400 + b"1", b"9007199254740993", b"9007199254740993.0",
+    b"9.007199254740993e15", b"18446744073709551616", b"-9223372036854775809",
+    b"9223372036854775808", b"12345678901234567890", b"1.7976931348623159e308",
+    b"1.00000000000000011102230246251565404236316680908203125", b"4.9406564584124654e-324",
+    b"01", b"1.", b".5", b"+1", b"1e", b"-", b"NaN", b"Infinity", b"-Infinity", b"true", b'"5"',
+]  # fmt: skip
+BODIES = [
+    *NUMBERS,
+    b'"\\ud800"', b'"\\udc00\\ud800"', b'"\\ud83d\\ude00"', b'"\\u0000"', b'"\x01"', b'"\\x"',
+    b'"\xed\xa0\x80"', b'"\xf4\x90\x80\x80"', b'"\xc0\xaf"', b'{"a":1,"a":2}',
+    b'{"a":1,"b":2,"a":3}', b'{"\\u0061":1,"a":2}', b"[1,]", b'{"a":1,}', b"[1 2]",
+]  # fmt: skip
+
+
+def _nasty_lines() -> list[bytes]:
+    good = _LINE.replace(b"TS", b"1.5").replace(b"BODY", b"1")
+    lines = [_LINE.replace(b"TS", b"1.5").replace(b"BODY", body) for body in BODIES]
+    for number in NUMBERS:
+        for field in (b'"ts":1.5', b'"deadline":null', b'"seq":3', b'"v":1'):
+            lines.append(good.replace(field, field.split(b":")[0] + b":" + number))
+    lines += [
+        good.replace(b'"kind"', b'"k\\u0069nd"'),
+        good.replace(b'"kind":"message"', b'"kind":"mess\\u0061ge"'),
+        good.replace(b'"sender":"lead"', b'"sender":"l\\u0065ad"'),
+        good.replace(b",", b" ,\t"),
+        good.replace(b",", b"\x0c,"),
+        b"\xef\xbb\xbf" + good,
+        good + b"\r",
+        good + b"\x00",
+        good.replace(b'"team":"t"', b'"team":"t","team":null'),
+        good.replace(b'"seq":3', b'"seq":3,"seq":4'),
+        good.replace(b'"seq":3', b'"fields_set":[],"seq":3'),
+        good.replace(b'"seq":3', b'"fields_set":null,"seq":3'),
+        good.replace(b'"seq":3', b'"seq":3,"zz":1e400'),
+        good.replace(b'"seq":3', b'"seq":3,"zz":' + b"[" * 202 + b"]" * 202),
+        good.replace(b'"id":"x"', b'"id":"\\ud800"'),
+        good.replace(b'"type":"text"', b'"type":"' + b"\\u00e9" * 64 + b'"'),
+        good.replace(b'"type":"text"', b'"type":"' + b"\\u00e9" * 65 + b'"'),
+    ]
+    # nesting around the parsers' limits, in lines just under and over 404 bytes
+    for depth in (127, 128, 129, 150, 180, 199, 200, 201, 202, 203):
+        body = b"[" * depth + b"]" * depth
+        line = _LINE.replace(b"TS", b"1.5").replace(b"BODY", body)
+        lines += [line, line.replace(b'"t"', b'"' + b"t" * max(1, 420 - len(line)) + b'"')]
+        lines.append(good.replace(b'"text"', b'"' + b"{" * (depth - 100) + b'"'))
+    return lines
+
+
+@pytest.mark.parametrize("line", _nasty_lines())
+def test_decode_fields_agrees_with_decode_line_on_nasty_lines(line: bytes) -> None:
+    expected = decode_line(line)
+    got = decode_fields(line)
+    if isinstance(expected, str) or isinstance(got, str):
+        assert got == expected
+        return
+    envelope = got.to_envelope()
+    assert type(envelope) is type(expected)
+    assert envelope.model_fields_set == expected.model_fields_set
+    for name in FIELD_NAMES:  # repr: -0.0 against 0.0, 1 against 1.0
+        assert repr(getattr(envelope, name)) == repr(getattr(expected, name)), name
+
+
+# --- replay: the typed path against the checked one, and whole timelines ----------------------
+
+
+@pytest.mark.parametrize("line", _nasty_lines())
+def test_replay_reads_a_nasty_line_alike_on_both_paths(line: bytes) -> None:
+    fast = _event("worker", 0, 7, line)
+    checked = _event_checked("worker", 0, 7, line)
+    assert repr(fast.to_json_dict()) == repr(checked.to_json_dict())
+
+
+T0 = 1_800_000_000.0
+
+
+async def _hand_made_team(root: Path) -> Path:
+    """A team whose inboxes hold what no teamrt wrote: duplicates, unknown kinds, corrupt and
+    deeply nested lines, timestamps of every odd kind, deadlines and answers of any type."""
+    team = root / "team"
+    async with Mailboxes(FileStore(team), members=["lead", "worker"]):
+        pass
+    base = {"seq": 0, "team": "team", "v": 1, "kind": "message", "type": "text"}
+    base |= {"sender": "lead", "recipient": "worker", "ts": T0, "body": 1}
+
+    def line(**fields: object) -> bytes:
+        return json.dumps(base | fields).encode() + b"\n"
+
+    worker = [
+        line(id="m1"),
+        line(id="m1"),  # a duplicate
+        line(id="t1", kind="telegram"),  # an unknown kind: an envelope all the same
+        line(id="t2", kind=5),
+        b'{"oops\n',
+        line(id="odd1", ts="7"),
+        line(id="odd2", ts=None),
+        line(id="odd3", ts=-0.0),
+        line(id="odd4", ts=True),
+        line(id="odd5").replace(b'"ts": %r' % T0, b'"ts": 1e400'),
+        line(id="odd6").replace(b'"ts": %r' % T0, b'"ts": 1' + b"0" * 400),
+        line(id="deep", body=1).replace(b'"body": 1', b'"body": ' + b"[" * 205 + b"]" * 205),
+        line(id="q1", kind="request", deadline="soon"),
+        line(id="q2", kind="request", deadline=[T0]),
+        line(id="q3", kind="request", deadline=T0 + 1),
+    ]
+    lead = [
+        line(id="a1", kind="response", recipient="lead", in_reply_to="q1", ts=T0 + 5),
+        line(id="a2", kind="response", recipient="lead", in_reply_to="q2", ts=T0 + 5),
+        line(id="a3", kind="response", recipient="lead", in_reply_to="q3", ts=T0 + 5),
+        line(id="a4", kind="response", recipient="lead", in_reply_to=[1], type="error"),
+        line(id="a5", kind="response", recipient="lead", in_reply_to={"q": 1}),
+        line(id="a6", kind="response", recipient="lead", in_reply_to=[1]),
+        line(id="a7", kind="response", recipient="lead", in_reply_to=7),
+    ]
+    for name, lines in (("worker", worker), ("lead", lead)):
+        _append(team / "inboxes" / f"{name}.jsonl", b"".join(lines))
+    return team
+
+
+def _append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+async def test_a_hand_made_timeline_is_read_whole_and_summed_up(tmp_path: Path) -> None:
+    team = await _hand_made_team(tmp_path)
+    summary = Summary()
+    events: dict[str, Event] = {}
+    for event in timeline(team, now=T0 + 100, summary=summary):
+        if event.id in events and event.kind != "corrupt":
+            assert event.flags == ["duplicate"]
+        events.setdefault(event.id, event)
+    assert events["m1"].flags == []  # the first of two
+    assert events["odd5"].ts == events["odd6"].ts == 0.0 == events["odd2"].ts
+    assert events["odd1"].ts == 7.0
+    assert events["t1"].kind == "telegram" and events["t2"].kind == "5"
+    # a deadline that is no number makes no answer late, nor its request timed out
+    assert events["a1"].flags == [] and events["a2"].flags == []
+    assert events["a3"].flags == ["late"]
+    assert events["a4"].flags == ["no request", "error"]
+    assert events["a5"].flags == ["no request"]
+    assert events["a6"].flags == ["answered twice"]
+    assert events["a7"].flags == ["no request"]
+    # 15 + 7 lines: the corrupt one and the one nested deeper than JSON is read are not envelopes
+    assert (summary.events, summary.corrupt, summary.duplicates) == (22, 2, 1)
+    assert summary.envelopes == 20  # the unknown kinds among them, as before the bulk path
+    assert (summary.agents["lead"].sent, summary.agents["worker"].received) == (20, 13)
+    assert (summary.requests, summary.answered, summary.late) == (3, 3, 1)
+    out = io.StringIO()
+    code = run_replay(str(team), fmt="json", keep=Filter(), follow=False, colour="never", out=out)
+    assert code == 0
+    assert len(out.getvalue().splitlines()) >= 22
