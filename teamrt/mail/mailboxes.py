@@ -476,8 +476,10 @@ class Mailboxes:
         check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
         try:
             await self.send(envelope)
-            # no read right after the send: _wait() returns at once if anything has come
-            while True:
+            # no read right after the send: _wait() returns at once if anything has come; but
+            # another task's read (a drain, another request's) may have routed the answer here
+            # already, and set no event for this wait to see
+            while reply.response is None:
                 if not await inbox._wait(min(deadline, check_at)):
                     if time.monotonic() >= deadline:
                         break

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from teamrt.replay.events import AGENT_KINDS, ENVELOPE_KINDS, OTHERS, WINDOW, Event
+from teamrt.replay.events import AGENT_KINDS, OTHERS, WINDOW, Event
 
 _AGENTS = 256  # agents counted one by one in a summary; any more are counted together
+# every other kind is an envelope's: a line of an unknown kind (hand-made, or from a newer
+# teamrt) is counted as the envelope it claims to be
+_NOT_ENVELOPES = AGENT_KINDS | {"corrupt", "decision"}
 
 
 @dataclass(slots=True)
@@ -65,7 +68,7 @@ class Summary:
         if flags:
             self.flagged += 1
             self.agent(e.sender if kind != "corrupt" else e.inbox).flagged += 1
-        if kind in ENVELOPE_KINDS:  # the usual case first
+        if kind not in _NOT_ENVELOPES:  # the usual case first
             self.envelopes += 1
             (agents.get(e.sender) or self.agent(e.sender)).sent += 1
             (agents.get(e.inbox) or self.agent(e.inbox)).received += 1

@@ -27,11 +27,11 @@ class _Recent:
     __slots__ = ("_keys", "_order", "_size")
 
     def __init__(self, size: int = WINDOW) -> None:
-        self._keys: set[str] = set()
-        self._order: deque[str] = deque()  # oldest first
+        self._keys: set[Any] = set()  # ids, and whatever hand-made lines answer
+        self._order: deque[Any] = deque()  # oldest first
         self._size = size
 
-    def add(self, key: str) -> bool:
+    def add(self, key: Any) -> bool:
         """Remember `key`; False if it was already there."""
         keys = self._keys
         if key in keys:
@@ -71,12 +71,16 @@ class Joiner:
             keys.discard(order.popleft())
         if kind == "request":
             self.open[event.id] = event
-        elif kind == "response" and (asked := event.in_reply_to):
+        elif kind == "response" and event.in_reply_to:
+            asked: Any = event.in_reply_to
+            if type(asked) is list or type(asked) is dict:  # a hand-made line's: no id's
+                asked = ("unhashable", repr(asked))
             request = self.open.pop(asked, None)
             if request is not None:
                 self._answered.add(asked)
                 event.latency = event.ts - request.ts
-                if request.deadline is not None and event.ts > request.deadline:
+                deadline = _deadline(request)
+                if deadline is not None and event.ts > deadline:
                     event.flags.append("late")
             elif not self._answered.add(asked):
                 event.flags.append("answered twice")
@@ -94,16 +98,24 @@ class Joiner:
         self.open.clear()
         for request, _had in still:
             request.flags.append("unanswered")
-            if request.deadline is not None and request.deadline < moment:
+            deadline = _deadline(request)
+            if deadline is not None and deadline < moment:
                 request.flags.append("timed out")
         return still
+
+
+def _deadline(request: Event) -> float | None:
+    """A request's deadline, if it is a number (a hand-made line may hold anything there; it
+    is shown as it is, and only a number can make an answer late)."""
+    deadline: Any = request.deadline
+    return deadline if type(deadline) is float or type(deadline) is int else None
 
 
 def _finite(value: Any) -> float:
     """A timestamp to sort by: any number is taken (as shown), a missing or non-finite one is 0."""
     try:
         ts = float(value or 0.0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # an int beyond a float's range too
         return 0.0
     return ts if math.isfinite(ts) else 0.0
 
@@ -131,11 +143,18 @@ class _Line(msgspec.Struct, kw_only=True, gc=False, forbid_unknown_fields=True):
 
 
 _parse_line = msgspec.json.Decoder(_Line).decode
+# pydantic_core's parser refuses nesting deeper than 200 levels, msgspec's goes deeper: a line
+# that could nest that deep (long, with many brackets) goes the checked way, to be `corrupt`
+# there as it is to the inbox's owner
+_MAX_BRACKETS = 128
+_SHALLOW_BELOW = 400  # 201 levels take at least 402 bytes
 
 
 def _event(inbox: str, segment: int, offset: int, line: bytes) -> Event:
     """The event of one inbox line: an envelope as it was sent, or a `corrupt` event saying why
     the line cannot be read."""
+    if len(line) >= _SHALLOW_BELOW and line.count(b"[") + line.count(b"{") > _MAX_BRACKETS:
+        return _event_checked(inbox, segment, offset, line)
     try:
         d = _parse_line(line)
     except (msgspec.DecodeError, RecursionError):
