@@ -106,6 +106,7 @@ class Inbox:
         self._ready: deque[EnvelopeFields | Envelope] = deque()
         self._entries: deque[Entry] = deque()  # read, not yet decoded
         self._one: list[EnvelopeFields] = []  # _next()'s
+        self._released: set[str] = set()  # ids handed back by release() and not acked since
         self._to_quarantine: list[Corrupt] = []  # recorded before the next cursor commit
         self._max_line = store.max_line
         self._event: anyio.Event | None = None
@@ -184,6 +185,7 @@ class Inbox:
     def _restart(self, cursor: Cursor) -> None:
         self._tracker = AckTracker(cursor)
         self._ready.clear()
+        self._released.clear()
         self._entries.clear()
         self._to_quarantine.clear()
 
@@ -322,17 +324,26 @@ class Inbox:
         them again, in the order given, before anything newer.
 
         This is redelivery within one process (a restart in another process gets every
-        unacked envelope again from the committed cursor anyway). Releasing an acked envelope
-        is a usage error: it would be handled twice.
+        unacked envelope again from the committed cursor anyway). Releasing an acked envelope,
+        or one already released and not received again, is a usage error: it would be handled
+        twice. An envelope acked while it waits to come again is not handed out.
         """
         if self._closed:
             raise MailboxClosed(f"{self.name}'s inbox is closed")
+        waiting = {item.id for item in self._ready} if self._released else set()
         for envelope in envelopes:
             if not self._tracker.is_outstanding(envelope.id):
                 raise UsageError(
                     f"envelope {envelope.id} is not received and unacked: it cannot be released"
                 )
+            if envelope.id in waiting:
+                raise UsageError(
+                    f"envelope {envelope.id} is released already and waits to be received "
+                    "again: it would be handed out twice"
+                )
+            waiting.add(envelope.id)
         self._ready.extendleft(reversed(envelopes))
+        self._released.update(envelope.id for envelope in envelopes)
         if envelopes:
             self._signal()
 
@@ -346,6 +357,13 @@ class Inbox:
         changed = False
         for envelope in envelopes:
             changed = self._tracker.ack(envelope.id) or changed
+        if self._released:  # an envelope acked while released is not handed out again
+            acked = {envelope.id for envelope in envelopes} & self._released
+            if acked:
+                self._released -= acked
+                kept = [item for item in self._ready if item.id not in acked]
+                self._ready.clear()
+                self._ready.extend(kept)
         return changed
 
     def statistics(self) -> InboxStatistics:

@@ -200,6 +200,27 @@ class MailboxConformance:
             got = lead.drain_nowait()
             assert [f.body for f in got] == ["before the answer"]
 
+    async def test_a_release_hands_an_envelope_out_once_and_never_after_its_ack(
+        self, harness: StoreHarness
+    ) -> None:
+        async with harness.open() as mail:
+            inbox = await mail.open_inbox("worker")
+            await mail.send_many([Envelope.message("lead", "worker", i) for i in range(3)])
+            got = await inbox.receive_batch(max=3, timeout=5)
+            while len(got) < 3:
+                got += await inbox.receive_batch(max=3, timeout=5)
+            inbox.release(got[0])
+            with pytest.raises(UsageError, match="released already"):
+                inbox.release(got[0])
+            with pytest.raises(UsageError, match="released already"):
+                inbox.release(got[1], got[1])
+            inbox.release(got[1])
+            await inbox.ack(got[0])  # handled after all, while it waited to come again
+            assert [e.body for e in inbox.receive_batch_nowait()] == [1]
+            await inbox.ack(got[1], got[2])
+            assert inbox.drain_nowait() == []
+            assert inbox.statistics().unacked == 0
+
     async def test_receive_nowait_and_timeout(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
             inbox = await mail.open_inbox("worker")
