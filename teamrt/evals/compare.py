@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field
 
+from teamrt.evals.report import one_line
 from teamrt.evals.runner import CaseResult, EvalReport
 
 Change = Literal["fixed", "broke", "unchanged", "added", "removed"]
@@ -57,7 +58,7 @@ class Comparison(BaseModel):
 
 def _why(result: CaseResult) -> str:
     if result.error is not None:
-        return result.error
+        return one_line(result.error)
     failed = next((c for c in result.checks if not c.passed), None)
     if failed is not None:
         return f"{failed.check}: {failed.detail}" if failed.detail else failed.check

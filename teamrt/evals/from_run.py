@@ -25,6 +25,8 @@ EQUALS_LIMIT = 200
 #: Lines of a longer answer checked with `contains`, and how much of each.
 KEY_LINES = 3
 LINE_CHARS = 120
+#: The longest case id (a name's length).
+ID_CHARS = 64
 
 
 @dataclass
@@ -41,6 +43,18 @@ def derive_checks(answer: str) -> list[AnyCheck]:
     if len(lines) == 1 and len(lines[0]) <= EQUALS_LIMIT:
         return [Equals(text=lines[0], note=DERIVED)]
     return [Contains(text=line[:LINE_CHARS], note=DERIVED) for line in lines[:KEY_LINES]]
+
+
+def _case_id(member: str, number: int, taken: set[str]) -> str:
+    """`<member>-<n>`, the member's name shortened to keep the id within a name's 64
+    characters (and the next free number taken if the shortened id is another's)."""
+    while True:
+        suffix = f"-{number}"
+        case_id = member[: ID_CHARS - len(suffix)] + suffix
+        if case_id not in taken:
+            taken.add(case_id)
+            return case_id
+        number += 1
 
 
 def _tasks(locator: str | os.PathLike[str]) -> Iterator[tuple[Event, Event | None]]:
@@ -61,6 +75,7 @@ def cases_from_run(locator: str | os.PathLike[str], *, member: str | None = None
     `member`, only the tasks given to that member. Ids are `<member>-<n>`."""
     found = FromRun()
     numbers: dict[str, int] = {}
+    taken: set[str] = set()
     for request, response in _tasks(locator):
         if member is not None and request.recipient != member:
             continue
@@ -83,7 +98,7 @@ def cases_from_run(locator: str | os.PathLike[str], *, member: str | None = None
         numbers[request.recipient] = numbers.get(request.recipient, 0) + 1
         found.cases.append(
             Case(
-                id=f"{request.recipient}-{numbers[request.recipient]}",
+                id=_case_id(request.recipient, numbers[request.recipient], taken),
                 input=request.body,
                 member=request.recipient,
                 checks=tuple(derive_checks(answer)),

@@ -16,6 +16,12 @@ from teamrt.evals.runner import CaseResult, EvalReport
 ANSWER_CHARS = 200
 
 
+def one_line(text: str) -> str:
+    """`text` with its runs of white space (new lines too) as single spaces: a text report
+    gives each case's error one line."""
+    return " ".join(text.split())
+
+
 def _cost(cost: float | None) -> str:
     return "cost unknown" if cost is None else f"${cost:.4f}"
 
@@ -54,7 +60,7 @@ def format_text(report: EvalReport) -> str:
         if case.passed:
             continue
         if case.error is not None:
-            lines.append(f"         error: {case.error}")
+            lines.append(f"         error: {one_line(case.error)}")
             continue
         if case.stop_reason not in (None, "answer"):
             lines.append(f"         the run stopped ({case.stop_reason}): {case.detail}")

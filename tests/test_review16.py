@@ -1,0 +1,107 @@
+"""A hostile review of typed answers, MCP tools, evals and forks: each test is a bug found by
+using them as the README says, or by feeding them what a user or a model may well give."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import anyio
+import pytest
+
+from teamrt import FileMailboxes
+from teamrt.cli.main import main
+from teamrt.demos import research_writer as demo
+from teamrt.evals import Case, FunctionTarget, cases_from_run, compare, format_text, run_eval
+from teamrt.evals.compare import format_comparison
+from teamrt.models import ScriptedModel
+from teamrt.team import Team, Teammate
+
+README = Path(__file__).parent.parent / "README.md"
+
+
+def _section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+# --- forks -----------------------------------------------------------------------------------
+
+
+def test_the_readme_s_fork_steps_show_the_envelope_id_to_fork_at(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first command of "Forking a run" is how a user finds the id for `--at`: it must
+    print the ids of the requests it lists."""
+    monkeypatch.setenv("TEAMRT_DEMO_SCRATCH", str(tmp_path / "scratch"))
+    team_dir = tmp_path / "mailboxes" / "research-writer"
+
+    async def run() -> None:
+        async with (
+            FileMailboxes(team_dir) as mail,
+            Team(mail, demo.teammates("offline"), agent_dir=team_dir / "agents") as team,
+        ):
+            await team.ask("researcher", demo.TASK, timeout=30)
+
+    anyio.run(run)
+    block = re.search(r"```sh\n(.*?)```", _section("Forking a run"), re.DOTALL)
+    assert block is not None
+    replay = shlex.split(block.group(1).splitlines()[0], comments=True)
+    assert replay[:2] == ["teamrt", "replay"]
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(replay[1:]) == 0
+    shown = capsys.readouterr().out
+    requests = [
+        json.loads(line)
+        for line in (team_dir / "inboxes" / "writer.jsonl").read_text().splitlines()
+        if '"kind":"request"' in line.replace(" ", "")
+    ]
+    findings = next(r for r in requests if r["sender"] == "researcher")
+    assert findings["id"] in shown
+
+
+# --- evals -----------------------------------------------------------------------------------
+
+
+def test_cases_from_a_run_of_a_member_with_a_long_name(tmp_path: Path) -> None:
+    """A member's name may be 64 characters, as long as a case id may be: the derived ids are
+    shortened to fit, and stay unique, instead of failing validation."""
+    long, longer = "w" * 64, "w" * 63 + "x"
+
+    async def run() -> None:
+        teammates = [Teammate(name, lambda: ScriptedModel(["done"] * 5)) for name in (long, longer)]
+        async with (
+            FileMailboxes(tmp_path / "team") as mail,
+            Team(mail, teammates, agent_dir=tmp_path / "team" / "agents") as team,
+        ):
+            for name in (long, longer, long):
+                await team.ask(name, "do it", timeout=10)
+
+    anyio.run(run)
+    found = cases_from_run(tmp_path / "team")
+    ids = [case.id for case in found.cases]
+    assert len(ids) == len(set(ids)) == 3
+    assert all(len(i) <= 64 for i in ids)
+    assert [case.member for case in found.cases] == [long, longer, long]
+
+
+async def test_an_error_of_several_lines_is_one_line_in_the_text_reports() -> None:
+    """A target's error keeps its text in the report, but the text report and the comparison
+    give each case's error one line, so that the next case's line is not taken for part of it."""
+
+    async def fails(text: str) -> str:
+        raise RuntimeError("kaboom\n  at line 2\nand more")
+
+    case = Case.model_validate(
+        {"id": "c", "input": "q", "checks": [{"kind": "contains", "text": "x"}]}
+    )
+    report = await run_eval([case], FunctionTarget(fails, "fails"))
+    assert report.cases[0].error is not None and "\n" in report.cases[0].error
+    text = format_text(report)
+    assert "         error: RuntimeError: kaboom at line 2 and more" in text.splitlines()
+    comparison = format_comparison(compare(report, report))
+    assert comparison.splitlines()[-1].endswith("RuntimeError: kaboom at line 2 and more")
