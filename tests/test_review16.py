@@ -14,7 +14,16 @@ import pytest
 from teamrt import FileMailboxes
 from teamrt.cli.main import main
 from teamrt.demos import research_writer as demo
-from teamrt.evals import Case, FunctionTarget, cases_from_run, compare, format_text, run_eval
+from teamrt.errors import UsageError
+from teamrt.evals import (
+    Case,
+    FunctionTarget,
+    cases_from_run,
+    compare,
+    format_text,
+    make_target,
+    run_eval,
+)
 from teamrt.evals.compare import format_comparison
 from teamrt.models import ScriptedModel
 from teamrt.team import Team, Teammate
@@ -105,3 +114,32 @@ async def test_an_error_of_several_lines_is_one_line_in_the_text_reports() -> No
     assert "         error: RuntimeError: kaboom at line 2 and more" in text.splitlines()
     comparison = format_comparison(compare(report, report))
     assert comparison.splitlines()[-1].endswith("RuntimeError: kaboom at line 2 and more")
+
+
+async def test_runs_replaces_a_team_directory_of_an_earlier_eval_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """`--runs DIR` replaces `DIR/<case id>` when it holds a case's team from an earlier eval;
+    a directory or file of the user's that has a case's name (`--runs .` and a case named like
+    a source folder) is left alone, and the eval stops saying why."""
+    runs = tmp_path / "runs"
+    (runs / "a").mkdir(parents=True)
+    (runs / "a" / "precious.txt").write_text("keep me")
+    (runs / "b").write_text("a file of mine")
+    a, b, c = (
+        Case.model_validate(
+            {"id": name, "input": "q", "checks": [{"kind": "contains", "text": "x"}]}
+        )
+        for name in ("a", "b", "c")
+    )
+    target = make_target(Teammate("w", lambda: ScriptedModel(["x"] * 5)), "team", runs=runs)
+    for case in (a, b):
+        with pytest.raises(UsageError, match=r"runs/[ab] is there and is not a team directory"):
+            await run_eval([case], target)
+    assert (runs / "a" / "precious.txt").read_text() == "keep me"
+    assert (runs / "b").read_text() == "a file of mine"
+
+    # the team of an earlier eval is replaced
+    for _ in range(2):
+        report = await run_eval([c], target)
+        assert report.cases[0].passed and (runs / "c" / "team.json").is_file()
