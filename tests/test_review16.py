@@ -143,3 +143,25 @@ async def test_runs_replaces_a_team_directory_of_an_earlier_eval_and_nothing_els
     for _ in range(2):
         report = await run_eval([c], target)
         assert report.cases[0].passed and (runs / "c" / "team.json").is_file()
+
+
+async def test_a_command_check_of_an_answer_holding_a_nul_character() -> None:
+    """A NUL cannot be in an environment variable: the answer (and the input) holding one are
+    still on standard input, and the variable is empty, as for one too long for it; the eval
+    does not stop on a ValueError."""
+    case = Case.model_validate(
+        {
+            "id": "nul",
+            "input": "in\x00put",
+            "checks": [
+                {"kind": "command", "run": 'test "$(wc -c)" -eq 7'},  # an, NUL, swer
+                {"kind": "command", "run": 'test -z "$TEAMRT_ANSWER$TEAMRT_INPUT"'},
+                {"kind": "command", "run": "true\x00"},  # a command no shell can be given
+            ],
+        }
+    )  # fmt: skip
+    report = await run_eval([case], FunctionTarget(lambda text: "an\x00swer", "nul"))
+    assert report.cases[0].error is None
+    first, second, third = report.cases[0].checks
+    assert (first.passed, second.passed, third.passed) == (True, True, False)
+    assert third.detail == "could not start: embedded null byte"
