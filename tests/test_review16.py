@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from teamrt import FileMailboxes
+from teamrt.agents import Limits
 from teamrt.cli.main import main
 from teamrt.demos import research_writer as demo
 from teamrt.errors import UsageError
@@ -25,7 +26,7 @@ from teamrt.evals import (
     run_eval,
 )
 from teamrt.evals.compare import format_comparison
-from teamrt.models import ScriptedModel
+from teamrt.models import ScriptedModel, call
 from teamrt.team import Team, Teammate
 
 README = Path(__file__).parent.parent / "README.md"
@@ -165,3 +166,28 @@ async def test_a_command_check_of_an_answer_holding_a_nul_character() -> None:
     first, second, third = report.cases[0].checks
     assert (first.passed, second.passed, third.passed) == (True, True, False)
     assert third.detail == "could not start: embedded null byte"
+
+
+def test_a_task_that_stopped_without_an_answer_makes_no_case(tmp_path: Path) -> None:
+    """A task that stopped at a limit sends its partial work as `answer`: checks derived from
+    it would hold the next run to the failure, so it makes no case and is listed with why."""
+
+    async def run() -> None:
+        teammates = [
+            Teammate("fine", lambda: ScriptedModel(["the answer"])),
+            Teammate(
+                "loopy", lambda: ScriptedModel([call("nothing")] * 5), limits=Limits(max_steps=2)
+            ),
+        ]
+        async with (
+            FileMailboxes(tmp_path / "team") as mail,
+            Team(mail, teammates, agent_dir=tmp_path / "team" / "agents") as team,
+        ):
+            assert (await team.ask("loopy", "go round", timeout=10)).stop_reason == "limit"
+            await team.ask("fine", "answer", timeout=10)
+
+    anyio.run(run)
+    found = cases_from_run(tmp_path / "team")
+    assert [case.id for case in found.cases] == ["fine-1"]
+    (skipped,) = found.skipped
+    assert skipped.endswith("to loopy: stopped (limit) without an answer")

@@ -5,7 +5,8 @@ The inboxes are read back as one timeline (`teamrt.replay`): every request answe
 tool). Its case's input is the request's text and its member the one asked; its checks are
 derived from the recorded answer (`equals` for a one-line answer, `contains` for each of its
 first key lines otherwise), each with a note saying so, for the user to edit into what a right
-answer must have. Tasks answered with an error, or not answered, make no case.
+answer must have. Tasks answered with an error, stopped without an answer (at a limit, say:
+what they sent back is partial work), or not answered, make no case.
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ def cases_from_run(locator: str | os.PathLike[str], *, member: str | None = None
         answer = body.get("answer")
         if not isinstance(request.body, str) or not request.body.strip():
             found.skipped.append(f"{request.id} to {request.recipient}: the task is not text")
+            continue
+        stopped = body.get("stop_reason")
+        if stopped not in (None, "answer"):  # its `answer` is the partial work of a stopped run
+            found.skipped.append(
+                f"{request.id} to {request.recipient}: stopped ({stopped}) without an answer"
+            )
             continue
         if not isinstance(answer, str) or not answer.strip():
             found.skipped.append(f"{request.id} to {request.recipient}: no answer recorded")
