@@ -22,6 +22,7 @@ from teamrt.evals import (
     cases_from_run,
     compare,
     format_text,
+    load_cases,
     make_target,
     run_eval,
 )
@@ -191,3 +192,23 @@ def test_a_task_that_stopped_without_an_answer_makes_no_case(tmp_path: Path) -> 
     assert [case.id for case in found.cases] == ["fine-1"]
     (skipped,) = found.skipped
     assert skipped.endswith("to loopy: stopped (limit) without an answer")
+
+
+def test_cases_without_ids_in_a_directory_get_ids_of_their_own(tmp_path: Path) -> None:
+    """In a directory, two `.jsonl` files' cases without an id are not both `line-1`, and a
+    file whose name is no valid id (`capitals.v2.json`) still names its case."""
+    case = '{"input": "q", "checks": [{"kind": "contains", "text": "x"}]}'
+    (tmp_path / "maths.jsonl").write_text(case + "\n" + case + "\n")
+    (tmp_path / "capitals.jsonl").write_text(case + "\n")
+    (tmp_path / "capitals.v2.json").write_text(case)
+    (tmp_path / "héllo wörld.json").write_text(f"[{case}]")
+    ids = [c.id for c in load_cases(tmp_path)]
+    assert ids == [
+        "capitals-line-1",
+        "capitals_v2",
+        "h_llo_w_rld-1",
+        "maths-line-1",
+        "maths-line-2",
+    ]
+    # a file alone keeps the README's line-<n>
+    assert [c.id for c in load_cases(tmp_path / "maths.jsonl")] == ["line-1", "line-2"]
