@@ -8,9 +8,10 @@ A cases file is JSON Lines, one case per line:
 or a directory of `*.json` files (each one case, or a list of cases) and `*.jsonl` files, read
 in name order. Blank lines and lines starting with `#` in a JSONL file are skipped. A case
 without an `id` gets one from where it was read (`line-3`; in a directory `<file>-line-3`, or
-the file's name for a `.json` file; `_` for what an id cannot hold). Everything is checked when the file is read, before any case runs: a malformed line, an unknown check kind, a
-regular expression that does not compile, a JSON schema that is not one, two cases with one id:
-each is a `CaseError` naming the file and the line.
+the file's name for a `.json` file; `_` for what an id cannot hold). Everything is checked
+when the file is read, before any case runs: a malformed line, an unknown check kind, a regular
+expression that does not compile, a JSON schema that is not one, two cases with one id: each is
+a `CaseError` naming the file and the line.
 """
 
 from __future__ import annotations
