@@ -75,6 +75,29 @@ def test_the_readme_s_fork_steps_show_the_envelope_id_to_fork_at(
     assert findings["id"] in shown
 
 
+
+def test_rerun_team_with_a_spec_that_names_none_of_the_agents_is_a_mistake(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spec whose teammates are none of the team's agents re-runs nothing: that is not a
+    pass (exit 0), it is a mistake (exit 2) that names whom the team has."""
+    monkeypatch.setenv("TEAMRT_DEMO_SCRATCH", str(tmp_path / "scratch"))
+    team_dir = tmp_path / "team"
+
+    async def run() -> None:
+        async with (
+            FileMailboxes(team_dir) as mail,
+            Team(mail, demo.teammates("offline"), agent_dir=team_dir / "agents") as team,
+        ):
+            await team.ask("researcher", demo.TASK, timeout=30)
+
+    anyio.run(run)
+    capsys.readouterr()
+    assert main(["rerun", str(team_dir), "--team", "--spec", "tests.eval_targets:team"]) == 2
+    err = capsys.readouterr().err
+    assert "none of the teammates --spec tests.eval_targets:team names" in err
+    assert "researcher, writer" in err
+
 # --- evals -----------------------------------------------------------------------------------
 
 
