@@ -75,7 +75,6 @@ def test_the_readme_s_fork_steps_show_the_envelope_id_to_fork_at(
     assert findings["id"] in shown
 
 
-
 def test_rerun_team_with_a_spec_that_names_none_of_the_agents_is_a_mistake(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -97,6 +96,7 @@ def test_rerun_team_with_a_spec_that_names_none_of_the_agents_is_a_mistake(
     err = capsys.readouterr().err
     assert "none of the teammates --spec tests.eval_targets:team names" in err
     assert "researcher, writer" in err
+
 
 # --- evals -----------------------------------------------------------------------------------
 
