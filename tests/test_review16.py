@@ -27,6 +27,7 @@ from teamrt.evals import (
     run_eval,
 )
 from teamrt.evals.compare import format_comparison
+from teamrt.fork import fork_team
 from teamrt.models import ScriptedModel, call
 from teamrt.team import Team, Teammate
 
@@ -96,6 +97,28 @@ def test_rerun_team_with_a_spec_that_names_none_of_the_agents_is_a_mistake(
     err = capsys.readouterr().err
     assert "none of the teammates --spec tests.eval_targets:team names" in err
     assert "researcher, writer" in err
+
+
+def test_a_fork_with_an_agent_dir_that_is_not_there_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelt `--agent-dir` would fork the team without any journal or transcript, so that
+    every agent starts its task afresh: it is refused, and nothing is written."""
+    monkeypatch.setenv("TEAMRT_DEMO_SCRATCH", str(tmp_path / "scratch"))
+    team_dir = tmp_path / "team"
+
+    async def run() -> None:
+        async with (
+            FileMailboxes(team_dir) as mail,
+            Team(mail, demo.teammates("offline"), agent_dir=team_dir / "agents") as team,
+        ):
+            await team.ask("researcher", demo.TASK, timeout=30)
+
+    anyio.run(run)
+    task = json.loads((team_dir / "inboxes" / "researcher.jsonl").read_text().splitlines()[0])
+    with pytest.raises(UsageError, match=r"no agents' folder at .*agnets"):
+        fork_team(team_dir, task["id"], tmp_path / "fork", agent_dir=tmp_path / "agnets")
+    assert not (tmp_path / "fork").exists()
 
 
 # --- evals -----------------------------------------------------------------------------------
