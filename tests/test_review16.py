@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import anyio
@@ -13,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from teamrt import FileMailboxes, MemoryMailboxes
-from teamrt.agents import Agent, Limits
+from teamrt.agents import Agent, Limits, MCPTools
 from teamrt.cli.main import main
 from teamrt.demos import research_writer as demo
 from teamrt.errors import InvalidOutput, UsageError
@@ -292,3 +293,51 @@ def test_cases_without_ids_in_a_directory_get_ids_of_their_own(tmp_path: Path) -
     ]
     # a file alone keeps the README's line-<n>
     assert [c.id for c in load_cases(tmp_path / "maths.jsonl")] == ["line-1", "line-2"]
+
+
+# --- MCP tools -------------------------------------------------------------------------------
+
+ONE_TOOL_SERVER = """
+import sys
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("one", log_level="WARNING")
+
+
+@server.tool(name=sys.argv[1])
+def the_tool(to: str = "") -> str:
+    return "from the server"
+
+
+server.run()
+"""
+
+
+@pytest.mark.parametrize(
+    ("clash", "where"),
+    [
+        ("send_message", "the team's tools"),
+        ("request", "the team's tools"),
+        ("delegate", "the team's tools"),
+    ],
+)
+async def test_a_server_tool_named_like_a_team_tool_is_a_crash_that_says_which(
+    tmp_path: Path, clash: str, where: str
+) -> None:
+    """A teammate's MCP tool named like one the team gives it (`send_message`, `request`,
+    `delegate`, ...) is refused at the start as one named like a tool of its own is: naming
+    the server, the tool, what it clashes with, and how to keep them apart."""
+    pytest.importorskip("mcp")
+    script = tmp_path / "one_tool.py"
+    script.write_text(ONE_TOOL_SERVER)
+    server = MCPTools.stdio(sys.executable, [str(script), clash], name="one")
+    member = Teammate("calc", ScriptedModel([]), mcp=[server], delegate=clash == "delegate")
+    async with MemoryMailboxes() as mail:
+        with anyio.fail_after(30):
+            async with Team(mail, [member]) as team:
+                assert team.status["calc"].state == "crashed"
+                last = team.status["calc"].last
+    assert last.startswith(
+        f"crashed: UsageError: calc: tool {clash!r} of MCP server 'one' has the name of a tool "
+        f"in {where}; give the server a prefix="
+    )
