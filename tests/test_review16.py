@@ -295,6 +295,19 @@ def test_cases_without_ids_in_a_directory_get_ids_of_their_own(tmp_path: Path) -
     assert [c.id for c in load_cases(tmp_path / "maths.jsonl")] == ["line-1", "line-2"]
 
 
+def test_a_cases_file_saved_with_a_byte_order_mark_and_crlf(tmp_path: Path) -> None:
+    """An editor on Windows saves UTF-8 with a byte order mark and CRLF line ends: the cases
+    are read all the same, in a JSONL file and in a directory's JSON file."""
+    case = '{"id": "%s", "input": "q", "checks": [{"kind": "contains", "text": "x"}]}'
+    (tmp_path / "cases.jsonl").write_bytes(
+        b"\xef\xbb\xbf" + (case % "a").encode() + b"\r\n" + (case % "b").encode() + b"\r\n"
+    )
+    assert [c.id for c in load_cases(tmp_path / "cases.jsonl")] == ["a", "b"]
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "one.json").write_bytes(b"\xef\xbb\xbf" + (case % "c").encode())
+    assert [c.id for c in load_cases(tmp_path / "dir")] == ["c"]
+
+
 # --- MCP tools -------------------------------------------------------------------------------
 
 ONE_TOOL_SERVER = """

@@ -259,7 +259,7 @@ def _from_json(path: Path) -> list[Case]:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte order mark is not a case
     except UnicodeDecodeError:
         raise CaseError(f"{path}: not UTF-8 text") from None
 
