@@ -308,6 +308,18 @@ def test_a_cases_file_saved_with_a_byte_order_mark_and_crlf(tmp_path: Path) -> N
     assert [c.id for c in load_cases(tmp_path / "dir")] == ["c"]
 
 
+async def test_a_judge_s_reason_of_several_lines_is_one_line_in_the_text_reports() -> None:
+    case = Case.model_validate(
+        {"id": "c", "input": "q", "checks": [{"kind": "judge", "rubric": "Be right."}]}
+    )
+    judge = ScriptedModel(['{"verdict": "fail", "reason": "wrong:\\n- this\\n- that"}'])
+    report = await run_eval([case], FunctionTarget(lambda text: "an answer", "f"), judge=judge)
+    assert report.cases[0].checks[0].detail == "wrong:\n- this\n- that"
+    assert "         x judge: Be right.: wrong: - this - that" in format_text(report).splitlines()
+    comparison = format_comparison(compare(report, report))
+    assert comparison.splitlines()[-1].endswith("wrong: - this - that")
+
+
 # --- MCP tools -------------------------------------------------------------------------------
 
 ONE_TOOL_SERVER = """

@@ -61,9 +61,9 @@ def _why(result: CaseResult) -> str:
         return one_line(result.error)
     failed = next((c for c in result.checks if not c.passed), None)
     if failed is not None:
-        return f"{failed.check}: {failed.detail}" if failed.detail else failed.check
+        return f"{failed.check}: {one_line(failed.detail)}" if failed.detail else failed.check
     if result.stop_reason not in (None, "answer"):
-        return f"stopped ({result.stop_reason}): {result.detail}"
+        return f"stopped ({result.stop_reason}): {one_line(result.detail)}"
     return ""
 
 

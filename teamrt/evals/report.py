@@ -63,11 +63,12 @@ def format_text(report: EvalReport) -> str:
             lines.append(f"         error: {one_line(case.error)}")
             continue
         if case.stop_reason not in (None, "answer"):
-            lines.append(f"         the run stopped ({case.stop_reason}): {case.detail}")
+            lines.append(f"         the run stopped ({case.stop_reason}): {one_line(case.detail)}")
         for check in case.checks:
             if not check.passed:
                 lines.append(
-                    f"         x {check.check}" + (f": {check.detail}" if check.detail else "")
+                    f"         x {check.check}"
+                    + (f": {one_line(check.detail)}" if check.detail else "")
                 )
         answer = " ".join((case.answer or "").split())
         if len(answer) > ANSWER_CHARS:
