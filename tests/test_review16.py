@@ -30,7 +30,7 @@ from teamrt.evals import (
 )
 from teamrt.evals.compare import format_comparison
 from teamrt.fork import fork_team
-from teamrt.models import ScriptedModel, call
+from teamrt.models import FunctionModel, ScriptedModel, call
 from teamrt.team import Team, Teammate
 
 README = Path(__file__).parent.parent / "README.md"
@@ -318,6 +318,28 @@ async def test_a_judge_s_reason_of_several_lines_is_one_line_in_the_text_reports
     assert "         x judge: Be right.: wrong: - this - that" in format_text(report).splitlines()
     comparison = format_comparison(compare(report, report))
     assert comparison.splitlines()[-1].endswith("wrong: - this - that")
+
+
+async def test_a_judge_whose_model_raises_fails_its_check_and_the_eval_goes_on() -> None:
+    """A judge of the user's own (`--judge module:object`) that raises is a model error: its
+    check fails saying so, the other checks and cases run, and the eval ends with a report."""
+
+    def broken(messages: object, tools: object) -> str:
+        raise RuntimeError("judge down")
+
+    case = Case.model_validate(
+        {
+            "id": "c",
+            "input": "q",
+            "checks": [{"kind": "judge", "rubric": "r"}, {"kind": "contains", "text": "an"}],
+        }
+    )
+    report = await run_eval(
+        [case], FunctionTarget(lambda text: "an answer", "f"), judge=FunctionModel(broken)
+    )
+    judged, contains = report.cases[0].checks
+    assert (judged.passed, judged.detail) == (False, "the judge failed: RuntimeError: judge down")
+    assert contains.passed and report.cases[0].score == 0.5
 
 
 # --- MCP tools -------------------------------------------------------------------------------

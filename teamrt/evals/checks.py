@@ -259,6 +259,8 @@ async def _judge_check(
         return False, f"the judge gave no verdict within {JUDGE_TIMEOUT:g}s", 0
     except TeamrtError as exc:
         return False, f"the judge failed: {exc}", 0
+    except Exception as exc:  # a judge of the user's own (module:object) that raised
+        return False, f"the judge failed: {type(exc).__name__}: {exc}", 0
     tokens = reply.usage.total_tokens
     said = next((c.arguments for c in reply.tool_calls if c.name == "verdict"), reply.text or "")
     try:
