@@ -342,6 +342,24 @@ async def test_a_judge_whose_model_raises_fails_its_check_and_the_eval_goes_on()
     assert contains.passed and report.cases[0].score == 0.5
 
 
+@pytest.mark.parametrize(
+    "ref", ["http://127.0.0.1:9/elsewhere.json", "#/$defs/missing", "other.json#/a"]
+)
+async def test_a_schema_whose_ref_cannot_be_resolved_fails_its_check(ref: str) -> None:
+    """A `$ref` to another document (never fetched) or to a definition that is not there is
+    found only when an answer is checked: the check fails saying so; the eval goes on."""
+    pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"a": {"$ref": ref}}}
+    case = Case.model_validate(
+        {"id": "c", "input": "q", "checks": [{"kind": "json_schema", "schema": schema}]}
+    )
+    report = await run_eval([case], FunctionTarget(lambda text: '{"a": 1}', "f"))
+    (check,) = report.cases[0].checks
+    assert not check.passed
+    assert check.detail.startswith("the schema's $ref cannot be resolved: ")
+    assert ref.split("#")[-1] in check.detail
+
+
 # --- MCP tools -------------------------------------------------------------------------------
 
 ONE_TOOL_SERVER = """

@@ -94,6 +94,7 @@ def _schema_check(check: JsonSchema, answer: str) -> tuple[bool, str]:
     try:
         from jsonschema.exceptions import best_match
         from jsonschema.validators import validator_for
+        from referencing.exceptions import Unresolvable  # jsonschema's own dependency
     except ImportError:
         raise UsageError(
             "json_schema checks need the jsonschema package: pip install 'teamrt[eval]'"
@@ -103,7 +104,10 @@ def _schema_check(check: JsonSchema, answer: str) -> tuple[bool, str]:
     except ValueError as exc:
         return False, f"the answer is not JSON ({exc}): {_quote(answer)}"
     validator = validator_for(check.schema_)(check.schema_)
-    error = best_match(validator.iter_errors(value))
+    try:
+        error = best_match(validator.iter_errors(value))
+    except Unresolvable as exc:  # another document (never fetched), or a missing definition
+        return False, f"the schema's $ref cannot be resolved: {exc.ref}"
     if error is None:
         return True, ""
     where = "/".join(str(p) for p in error.absolute_path) or "(the whole answer)"
