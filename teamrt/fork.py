@@ -183,8 +183,8 @@ def fork_team(
     """Copy the team at `source` as it was when envelope `at` was sent into the new team
     directory `dest` (whose name is the fork's team name); see the module docstring for the
     rule. `agent_dir` is where the source's agents' journals and transcripts are (default: the
-    team directory's agents/). Raises `UsageError` for a missing source, an unknown envelope id
-    or a `dest` that exists and is not empty."""
+    team directory's agents/). Raises `UsageError` for a missing source or `agent_dir`, an
+    unknown envelope id or a `dest` that exists and is not empty."""
     destination = Path(dest)
     if not is_url(source) and not (Path(source) / "team.json").is_file():
         raise UsageError(f"no team at {source}: there is no {Path(source) / 'team.json'}")
@@ -193,6 +193,8 @@ def fork_team(
     ):
         raise UsageError(f"{destination} exists and is not empty: fork into a new directory")
     validate_name(destination.name, what="team name (the new directory's name)")
+    if agent_dir is not None and not Path(agent_dir).is_dir():  # else: no journals, silently
+        raise UsageError(f"no agents' folder at {agent_dir}: give the --agent-dir the team used")
     with open_view(source) as view:
         try:
             return _fork(view, at, destination, agent_dir)

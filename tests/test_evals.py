@@ -118,7 +118,7 @@ def test_a_directory_of_case_files(tmp_path: Path) -> None:
     )
     (tmp_path / "cases" / "notes.txt").write_text("not a case")
     cases = load_cases(tmp_path / "cases")
-    assert [c.id for c in cases] == ["france", "sum", "germany", "line-1"]
+    assert [c.id for c in cases] == ["france", "sum", "germany", "z-line-1"]
 
 
 # --- what runs: an agent, a team, a function ----------------------------------------------------

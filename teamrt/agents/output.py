@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, get_origin
@@ -101,7 +102,7 @@ class OutputType:
         match = _FENCE.match(text)
         raw = match.group(1) if match else text
         try:
-            data = json.loads(raw, parse_constant=_no_constant)
+            data = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
         except (ValueError, RecursionError) as exc:
             raise Rejected(f"the answer is not JSON ({exc}): {text[:80]!r}") from None
         if self.wrapped and isinstance(data, dict) and set(data) == {"value"}:
@@ -127,6 +128,15 @@ class OutputType:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float, refused when it is too big for one (`1e999`): taken as
+    infinity, it would be accepted, then written out as `null`, which validates no more."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number")
+    return value
 
 
 def _errors(exc: ValidationError) -> str:

@@ -173,6 +173,12 @@ async def _rerun_team(args: argparse.Namespace) -> int:
     results = await rerun_team(directory, load_teammates(args.spec))
     if not results:
         raise UsageError(f"no transcript in {directory} of any teammate --spec {args.spec} names")
+    if all(result.skipped is not None for result in results):  # nothing was checked
+        raise UsageError(
+            f"the agents with a transcript in {directory} "
+            f"({', '.join(result.name for result in results)}) are none of the teammates "
+            f"--spec {args.spec} names"
+        )
     diverged = 0
     for result in results:
         if result.skipped is not None:

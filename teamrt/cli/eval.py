@@ -91,8 +91,9 @@ def add_eval_command(commands: Any) -> None:
     parser.add_argument(
         "--runs",
         metavar="DIR",
-        help="for a team: keep each case's team directory as DIR/<case id> (replaced if it "
-        "is there), to replay it (default: a scratch directory, removed)",
+        help="for a team: keep each case's team directory as DIR/<case id>, to replay it "
+        "(a team an earlier eval left there is replaced; anything else there stops the eval; "
+        "default: a scratch directory, removed)",
     )
     parser.add_argument(
         "--json", metavar="FILE", help="also write the report (or comparison) as JSON"

@@ -7,10 +7,11 @@ A cases file is JSON Lines, one case per line:
 
 or a directory of `*.json` files (each one case, or a list of cases) and `*.jsonl` files, read
 in name order. Blank lines and lines starting with `#` in a JSONL file are skipped. A case
-without an `id` gets one from where it was read (`line-3`, or the file's name). Everything is
-checked when the file is read, before any case runs: a malformed line, an unknown check kind, a
-regular expression that does not compile, a JSON schema that is not one, two cases with one id:
-each is a `CaseError` naming the file and the line.
+without an `id` gets one from where it was read (`line-3`; in a directory `<file>-line-3`, or
+the file's name for a `.json` file; `_` for what an id cannot hold). Everything is checked
+when the file is read, before any case runs: a malformed line, an unknown check kind, a regular
+expression that does not compile, a JSON schema that is not one, two cases with one id: each is
+a `CaseError` naming the file and the line.
 """
 
 from __future__ import annotations
@@ -223,8 +224,17 @@ def _case(data: Any, where: str, default_id: str) -> Case:
         raise CaseError(f"{where}: {_problem(exc)}") from None
 
 
-def _from_jsonl(path: Path) -> list[Case]:
+def _default_id(where: str) -> str:
+    """An id from where a case without one was read (a file's name, a line): the characters
+    an id cannot hold become `_`, within 64."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", where).lstrip("_-")[:64] or "case"
+
+
+def _from_jsonl(path: Path, *, in_directory: bool = False) -> list[Case]:
+    """A JSON Lines file's cases; one without an id is `line-<n>`, or `<file>-line-<n>` in a
+    directory of case files (where every file has a line 1)."""
     cases = []
+    prefix = f"{_default_id(path.stem)}-" if in_directory else ""
     for number, line in enumerate(_read(path).splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -232,7 +242,7 @@ def _from_jsonl(path: Path) -> list[Case]:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
             raise CaseError(f"{path}:{number}: not JSON ({exc.msg}, column {exc.colno})") from None
-        cases.append(_case(data, f"{path}:{number}", f"line-{number}"))
+        cases.append(_case(data, f"{path}:{number}", f"{prefix}line-{number}"))
     return cases
 
 
@@ -241,16 +251,15 @@ def _from_json(path: Path) -> list[Case]:
         data = json.loads(_read(path))
     except json.JSONDecodeError as exc:
         raise CaseError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+    name = _default_id(path.stem)
     if isinstance(data, list):
-        return [
-            _case(item, f"{path} (case {i})", f"{path.stem}-{i}") for i, item in enumerate(data, 1)
-        ]
-    return [_case(data, str(path), path.stem)]
+        return [_case(item, f"{path} (case {i})", f"{name}-{i}") for i, item in enumerate(data, 1)]
+    return [_case(data, str(path), name)]
 
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte order mark is not a case
     except UnicodeDecodeError:
         raise CaseError(f"{path}: not UTF-8 text") from None
 
@@ -266,7 +275,9 @@ def load_cases(source: str | Path) -> list[Case]:
         if not files:
             raise CaseError(f"{path}: no case files (*.json, *.jsonl) in this directory")
         cases = [
-            c for f in files for c in (_from_jsonl(f) if f.suffix == ".jsonl" else _from_json(f))
+            c
+            for f in files
+            for c in (_from_jsonl(f, in_directory=True) if f.suffix == ".jsonl" else _from_json(f))
         ]
     elif path.is_file():
         cases = _from_json(path) if path.suffix == ".json" else _from_jsonl(path)

@@ -34,7 +34,8 @@ from teamrt.models.base import ChatMessage, Model, ToolSpec
 #: What of an answer a failure's detail quotes.
 QUOTE = 80
 #: The answer goes into `TEAMRT_ANSWER` only up to this many bytes (the kernel refuses larger
-#: variables); a longer one is on standard input alone, and the variable is empty.
+#: variables) and without a NUL (which no variable can hold); another is on standard input
+#: alone, and the variable is empty. So does the input in `TEAMRT_INPUT`.
 ENV_LIMIT = 100_000
 #: How long a judge may take to give its verdict.
 JUDGE_TIMEOUT = 120.0
@@ -93,6 +94,7 @@ def _schema_check(check: JsonSchema, answer: str) -> tuple[bool, str]:
     try:
         from jsonschema.exceptions import best_match
         from jsonschema.validators import validator_for
+        from referencing.exceptions import Unresolvable  # jsonschema's own dependency
     except ImportError:
         raise UsageError(
             "json_schema checks need the jsonschema package: pip install 'teamrt[eval]'"
@@ -102,7 +104,10 @@ def _schema_check(check: JsonSchema, answer: str) -> tuple[bool, str]:
     except ValueError as exc:
         return False, f"the answer is not JSON ({exc}): {_quote(answer)}"
     validator = validator_for(check.schema_)(check.schema_)
-    error = best_match(validator.iter_errors(value))
+    try:
+        error = best_match(validator.iter_errors(value))
+    except Unresolvable as exc:  # another document (never fetched), or a missing definition
+        return False, f"the schema's $ref cannot be resolved: {exc.ref}"
     if error is None:
         return True, ""
     where = "/".join(str(p) for p in error.absolute_path) or "(the whole answer)"
@@ -113,8 +118,8 @@ async def _command_check(check: Command, answer: str, case: Case) -> tuple[bool,
     data = answer.encode()
     env = {
         **os.environ,
-        "TEAMRT_ANSWER": answer if len(data) <= ENV_LIMIT else "",
-        "TEAMRT_INPUT": case.input if len(case.input.encode()) <= ENV_LIMIT else "",
+        "TEAMRT_ANSWER": _variable(answer),
+        "TEAMRT_INPUT": _variable(case.input),
         "TEAMRT_CASE": case.id,
     }
     output = bytearray()
@@ -129,7 +134,7 @@ async def _command_check(check: Command, answer: str, case: Case) -> tuple[bool,
                 env=env,
                 start_new_session=True,  # its own group: a timeout kills what it started too
             )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the command
             return False, f"could not start: {exc}"
         async with process:
             with anyio.move_on_after(check.timeout) as deadline:
@@ -146,6 +151,12 @@ async def _command_check(check: Command, answer: str, case: Case) -> tuple[bool,
         return True, ""
     how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
     return False, how + _tail(output)
+
+
+def _variable(text: str) -> str:
+    """`text` as an environment variable's value, or empty when it cannot be one: longer than
+    `ENV_LIMIT` bytes, or holding a NUL."""
+    return text if len(text.encode()) <= ENV_LIMIT and "\0" not in text else ""
 
 
 async def _feed(process: Any, data: bytes) -> None:
@@ -252,6 +263,8 @@ async def _judge_check(
         return False, f"the judge gave no verdict within {JUDGE_TIMEOUT:g}s", 0
     except TeamrtError as exc:
         return False, f"the judge failed: {exc}", 0
+    except Exception as exc:  # a judge of the user's own (module:object) that raised
+        return False, f"the judge failed: {type(exc).__name__}: {exc}", 0
     tokens = reply.usage.total_tokens
     said = next((c.arguments for c in reply.tool_calls if c.name == "verdict"), reply.text or "")
     try:

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field
 
+from teamrt.evals.report import one_line
 from teamrt.evals.runner import CaseResult, EvalReport
 
 Change = Literal["fixed", "broke", "unchanged", "added", "removed"]
@@ -57,12 +58,12 @@ class Comparison(BaseModel):
 
 def _why(result: CaseResult) -> str:
     if result.error is not None:
-        return result.error
+        return one_line(result.error)
     failed = next((c for c in result.checks if not c.passed), None)
     if failed is not None:
-        return f"{failed.check}: {failed.detail}" if failed.detail else failed.check
+        return f"{failed.check}: {one_line(failed.detail)}" if failed.detail else failed.check
     if result.stop_reason not in (None, "answer"):
-        return f"stopped ({result.stop_reason}): {result.detail}"
+        return f"stopped ({result.stop_reason}): {one_line(result.detail)}"
     return ""
 
 

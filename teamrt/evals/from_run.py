@@ -5,7 +5,8 @@ The inboxes are read back as one timeline (`teamrt.replay`): every request answe
 tool). Its case's input is the request's text and its member the one asked; its checks are
 derived from the recorded answer (`equals` for a one-line answer, `contains` for each of its
 first key lines otherwise), each with a note saying so, for the user to edit into what a right
-answer must have. Tasks answered with an error, or not answered, make no case.
+answer must have. Tasks answered with an error, stopped without an answer (at a limit, say:
+what they sent back is partial work), or not answered, make no case.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ EQUALS_LIMIT = 200
 #: Lines of a longer answer checked with `contains`, and how much of each.
 KEY_LINES = 3
 LINE_CHARS = 120
+#: The longest case id (a name's length).
+ID_CHARS = 64
 
 
 @dataclass
@@ -41,6 +44,18 @@ def derive_checks(answer: str) -> list[AnyCheck]:
     if len(lines) == 1 and len(lines[0]) <= EQUALS_LIMIT:
         return [Equals(text=lines[0], note=DERIVED)]
     return [Contains(text=line[:LINE_CHARS], note=DERIVED) for line in lines[:KEY_LINES]]
+
+
+def _case_id(member: str, number: int, taken: set[str]) -> str:
+    """`<member>-<n>`, the member's name shortened to keep the id within a name's 64
+    characters (and the next free number taken if the shortened id is another's)."""
+    while True:
+        suffix = f"-{number}"
+        case_id = member[: ID_CHARS - len(suffix)] + suffix
+        if case_id not in taken:
+            taken.add(case_id)
+            return case_id
+        number += 1
 
 
 def _tasks(locator: str | os.PathLike[str]) -> Iterator[tuple[Event, Event | None]]:
@@ -61,6 +76,7 @@ def cases_from_run(locator: str | os.PathLike[str], *, member: str | None = None
     `member`, only the tasks given to that member. Ids are `<member>-<n>`."""
     found = FromRun()
     numbers: dict[str, int] = {}
+    taken: set[str] = set()
     for request, response in _tasks(locator):
         if member is not None and request.recipient != member:
             continue
@@ -77,13 +93,19 @@ def cases_from_run(locator: str | os.PathLike[str], *, member: str | None = None
         if not isinstance(request.body, str) or not request.body.strip():
             found.skipped.append(f"{request.id} to {request.recipient}: the task is not text")
             continue
+        stopped = body.get("stop_reason")
+        if stopped not in (None, "answer"):  # its `answer` is the partial work of a stopped run
+            found.skipped.append(
+                f"{request.id} to {request.recipient}: stopped ({stopped}) without an answer"
+            )
+            continue
         if not isinstance(answer, str) or not answer.strip():
             found.skipped.append(f"{request.id} to {request.recipient}: no answer recorded")
             continue
         numbers[request.recipient] = numbers.get(request.recipient, 0) + 1
         found.cases.append(
             Case(
-                id=f"{request.recipient}-{numbers[request.recipient]}",
+                id=_case_id(request.recipient, numbers[request.recipient], taken),
                 input=request.body,
                 member=request.recipient,
                 checks=tuple(derive_checks(answer)),

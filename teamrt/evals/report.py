@@ -16,6 +16,12 @@ from teamrt.evals.runner import CaseResult, EvalReport
 ANSWER_CHARS = 200
 
 
+def one_line(text: str) -> str:
+    """`text` with its runs of white space (new lines too) as single spaces: a text report
+    gives each case's error one line."""
+    return " ".join(text.split())
+
+
 def _cost(cost: float | None) -> str:
     return "cost unknown" if cost is None else f"${cost:.4f}"
 
@@ -54,14 +60,15 @@ def format_text(report: EvalReport) -> str:
         if case.passed:
             continue
         if case.error is not None:
-            lines.append(f"         error: {case.error}")
+            lines.append(f"         error: {one_line(case.error)}")
             continue
         if case.stop_reason not in (None, "answer"):
-            lines.append(f"         the run stopped ({case.stop_reason}): {case.detail}")
+            lines.append(f"         the run stopped ({case.stop_reason}): {one_line(case.detail)}")
         for check in case.checks:
             if not check.passed:
                 lines.append(
-                    f"         x {check.check}" + (f": {check.detail}" if check.detail else "")
+                    f"         x {check.check}"
+                    + (f": {one_line(check.detail)}" if check.detail else "")
                 )
         answer = " ".join((case.answer or "").split())
         if len(answer) > ANSWER_CHARS:

@@ -17,6 +17,7 @@ stopped, steps, tool calls, tokens and cost.
 from __future__ import annotations
 
 import inspect
+import os
 import shutil
 import tempfile
 import weakref
@@ -139,8 +140,7 @@ class TeamTarget:
             raise UsageError(f"no teammate named {asked!r} (the team has {', '.join(names)})")
         if self.runs is not None:
             directory = self.runs / case.id
-            if directory.exists():
-                shutil.rmtree(directory)  # this case's team from an earlier eval
+            _clear_run(directory)
             self.runs.mkdir(parents=True, exist_ok=True)
             return await self._ask(teammates, asked, directory, case, timeout)
         with tempfile.TemporaryDirectory(prefix="teamrt-eval-") as scratch:
@@ -155,6 +155,19 @@ class TeamTarget:
             Team(mail, teammates, agent_dir=directory / "agents") as team,
         ):
             return Outcome.of(await team.ask(member, case.input, timeout=timeout))
+
+
+def _clear_run(directory: Path) -> None:
+    """Remove a case's team that an earlier eval left at `directory`; refuse anything else
+    there (it is the user's: `--runs .` and a case named like one of their folders)."""
+    if not os.path.lexists(directory):
+        return
+    if directory.is_symlink() or not (directory / "team.json").is_file():
+        raise UsageError(
+            f"--runs: {directory} is there and is not a team directory (of an earlier eval); "
+            "it is left alone: move it, or give --runs another directory"
+        )
+    shutil.rmtree(directory)
 
 
 class FunctionTarget:

@@ -344,6 +344,8 @@ class Runner:
         name that two tools would share, is a crash of the incarnation at its start."""
         async with contextlib.AsyncExitStack() as stack:
             names = {_tool_name(t): "its own tools" for t in self.teammate.tools}
+            for name in self._team_tool_names():
+                names.setdefault(name, "the team's tools")
             for server in self.teammate.mcp:
                 connection = await stack.enter_async_context(server.connect())
                 for found in connection.tools:
@@ -359,6 +361,25 @@ class Runner:
                 yield
             finally:
                 self.mcp_tools = []
+
+    def _team_tool_names(self) -> list[str]:
+        """The names of the tools the team gives the teammate beside its own: messaging, and
+        `delegate` and `submit_plan` when it has them."""
+        names = [
+            t.name
+            for t in messaging_tools(
+                self.mail,
+                self.name,
+                desk=self.desk,
+                resolve=self.team.pick,
+                waiting=self.team.waiting,
+            )
+        ]
+        if self.teammate.delegate:
+            names.append("delegate")
+        if self.teammate.needs_approval:
+            names.append("submit_plan")
+        return names
 
     # -- building the agent, once per incarnation --
 
