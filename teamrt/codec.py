@@ -218,6 +218,15 @@ class EnvelopeFields(msgspec.Struct, frozen=True, gc=False, forbid_unknown_field
     # models ignore) is decoded the checked way, told by this default not being kept
     fields_set: frozenset[str] = _ALL_FIELDS
 
+    @classmethod
+    def of(cls, envelope: Envelope) -> EnvelopeFields:
+        """The record of `envelope`: its fields, and the ones it was given as `fields_set`."""
+        values = envelope.__dict__
+        return cls(
+            **{name: values[name] for name in FIELD_NAMES},
+            fields_set=frozenset(envelope.model_fields_set),
+        )
+
     @property
     def is_error(self) -> bool:
         """An error response (as `Response.is_error`)."""
@@ -316,6 +325,13 @@ _EXACT: Final = 2**53
 _MAX_DEPTH: Final = 128
 # a line shorter than this cannot nest deeper than pydantic reads (202 levels take 404 bytes)
 _SHALLOW_BELOW: Final = 404
+
+
+def shallow(line: bytes) -> bool:
+    """True if `line` cannot nest deeper than pydantic's parser reads (msgspec's reads deeper,
+    so a line it may take must be shallow): a short line, or one with few brackets (every line
+    teamrt writes for a plain body)."""
+    return len(line) < _SHALLOW_BELOW or line.count(b"{") + line.count(b"[") <= _MAX_DEPTH
 
 
 def _parsed_alike(value: Any, depth: int) -> bool:
@@ -486,11 +502,7 @@ def _by_pydantic(line: bytes) -> EnvelopeFields | str:
         refused = _payload_reason(registered, envelope.body)
         if refused is not None:
             return refused
-    values = envelope.__dict__
-    return EnvelopeFields(
-        **{name: values[name] for name in FIELD_NAMES},
-        fields_set=frozenset(envelope.model_fields_set),
-    )
+    return EnvelopeFields.of(envelope)
 
 
 _typed_decode: Final = msgspec.json.Decoder(EnvelopeFields).decode
@@ -537,9 +549,7 @@ def decode_fields(line: bytes) -> EnvelopeFields | str:
     Accepts and refuses exactly the lines `decode_line` does, with the same reason strings;
     `.to_envelope()` on the result equals `decode_line(line)`.
     """
-    # pydantic refuses nesting deeper than 201 levels, msgspec goes deeper: a short line, or one
-    # with few brackets (every line teamrt writes for a plain body), cannot nest that deep
-    if len(line) < _SHALLOW_BELOW or line.count(b"{") + line.count(b"[") <= _MAX_DEPTH:
+    if shallow(line):
         decoded = _typed(line)
         if decoded is not None:
             return decoded

@@ -43,7 +43,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +114,9 @@ class ForkSummary:
             "dest": str(self.dest),
             "at": self.at,
             "cut": self.cut,
-            "inboxes": {n: _fields(i) for n, i in self.inboxes.items()},
-            "agents": {n: _fields(a) for n, a in self.agents.items()},
-            "open_requests": [_fields(r) for r in self.open_requests],
+            "inboxes": {n: asdict(i) for n, i in self.inboxes.items()},
+            "agents": {n: asdict(a) for n, a in self.agents.items()},
+            "open_requests": [asdict(r) for r in self.open_requests],
         }
 
     def lines(self) -> list[str]:
@@ -144,10 +144,6 @@ class ForkSummary:
                 f"to {request.recipient}"
             )
         return out
-
-
-def _fields(item: Any) -> dict[str, Any]:
-    return {name: getattr(item, name) for name in item.__slots__}
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Self
 import anyio
 from anyio import WouldBlock
 
-from teamrt.codec import FIELD_NAMES, EnvelopeFields, decode_fields
+from teamrt.codec import EnvelopeFields, decode_fields
 from teamrt.envelopes import Envelope, Response
 from teamrt.errors import LeaseLost, MailboxClosed, ReceiveTimeout, UsageError
 from teamrt.mail.group import GroupCommit
@@ -254,7 +254,7 @@ class Inbox:
         Records are not tracked by the garbage collector, so large batches cost nothing
         extra (unlike `receive_batch_nowait`)."""
         return [
-            item if type(item) is EnvelopeFields else _fields_of(item)  # type: ignore[arg-type]
+            item if type(item) is EnvelopeFields else EnvelopeFields.of(item)  # type: ignore[arg-type]
             for item in self._batch(max)
         ]
 
@@ -276,12 +276,8 @@ class Inbox:
     def _batch(self, max: int) -> list[EnvelopeFields | Envelope]:
         if max < 1:
             raise UsageError(f"max must be at least 1, not {max}")
-        lease = self._lease  # as in receive_nowait
-        if lease is None:
-            if not self._store.lease_held(self.name):
-                self._retake_lease()
-        elif lease.record.expired:
-            self._lease_ok()  # raises LeaseLost
+        if not self._lease_ok():  # raises LeaseLost if the lease expired
+            self._retake_lease()
         batch: list[EnvelopeFields | Envelope] = []
         ready, append = self._ready, batch.append
         while ready and len(batch) < max:
@@ -543,12 +539,3 @@ class Inbox:
             lease, self._lease = self._lease, None
             await lease.release()
         self._signal()
-
-
-def _fields_of(envelope: Envelope) -> EnvelopeFields:
-    """A released envelope as the record `drain_nowait` hands out."""
-    values = envelope.__dict__
-    return EnvelopeFields(
-        **{name: values[name] for name in FIELD_NAMES},
-        fields_set=frozenset(envelope.model_fields_set),
-    )

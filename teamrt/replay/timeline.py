@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pydantic_core
 
+from teamrt.codec import shallow
 from teamrt.mail import TeamView, open_view
 from teamrt.replay.agents import read_journal, with_decisions
 from teamrt.replay.events import ENVELOPE_KINDS, WINDOW, Event
@@ -143,17 +144,12 @@ class _Line(msgspec.Struct, kw_only=True, gc=False, forbid_unknown_fields=True):
 
 
 _parse_line = msgspec.json.Decoder(_Line).decode
-# pydantic_core's parser refuses nesting deeper than 200 levels, msgspec's goes deeper: a line
-# that could nest that deep (long, with many brackets) goes the checked way, to be `corrupt`
-# there as it is to the inbox's owner
-_MAX_BRACKETS = 128
-_SHALLOW_BELOW = 400  # 201 levels take at least 402 bytes
 
 
 def _event(inbox: str, segment: int, offset: int, line: bytes) -> Event:
     """The event of one inbox line: an envelope as it was sent, or a `corrupt` event saying why
     the line cannot be read."""
-    if len(line) >= _SHALLOW_BELOW and line.count(b"[") + line.count(b"{") > _MAX_BRACKETS:
+    if not shallow(line):  # it may nest deeper than the checked way reads: `corrupt` there
         return _event_checked(inbox, segment, offset, line)
     try:
         d = _parse_line(line)
