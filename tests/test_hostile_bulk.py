@@ -23,7 +23,7 @@ from teamrt.codec import FIELD_NAMES, EnvelopeFields, decode_fields
 from teamrt.envelopes import Envelope, Request
 from teamrt.errors import MailboxClosed, ReceiveTimeout, RequestTimeout, UsageError
 from teamrt.mail.filestore import FileStore
-from teamrt.mail.inbox import Inbox
+from teamrt.mail.inbox import Inbox, _wake_waiter
 from teamrt.mail.log import decode_line, encode, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.memory import MemoryStore
@@ -153,8 +153,9 @@ async def test_a_cancelled_request_leaves_no_timer_and_the_inbox_works_on(
         assert lead.statistics().pending_requests == 0
         # the deadline's timer was cancelled with the wait
         loop = asyncio.get_running_loop()
-        timers = [h for h in getattr(loop, "_scheduled", []) if h._callback == lead._signal_if]
+        timers = [h for h in getattr(loop, "_scheduled", []) if h._callback is _wake_waiter]
         assert all(h.cancelled() for h in timers)
+        assert not lead._waited_on  # and its waiter is gone
         # a receiver that starts waiting now is woken by mail, not by the old deadline, and the
         # answer to the cancelled request is an ordinary envelope (nobody awaits it)
         got: list[EnvelopeFields] = []

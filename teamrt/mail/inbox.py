@@ -16,6 +16,7 @@ Store-agnostic: no file or lock is touched in this module.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -24,7 +25,6 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
-import anyio
 from anyio import WouldBlock
 
 from teamrt.codec import EnvelopeFields, decode_fields
@@ -74,6 +74,11 @@ class InboxStatistics:
     rejected_responses: int = 0  # answers to a pending request from someone it did not ask
 
 
+def _wake_waiter(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class _Reply:
     __slots__ = ("expected", "response")
 
@@ -109,7 +114,9 @@ class Inbox:
         self._released: set[str] = set()  # ids handed back by release() and not acked since
         self._to_quarantine: list[Corrupt] = []  # recorded before the next cursor commit
         self._max_line = store.max_line
-        self._event: anyio.Event | None = None
+        # one future per waiting task (what an asyncio.Event keeps, without its 6 us of making
+        # and waiting through anyio's wrapper on every wait); _signal() completes them all
+        self._waiters: list[asyncio.Future[None]] = []
         self._pending: dict[str, _Reply] = {}
         self._answered = _BoundedSet(_REMEMBERED_REQUESTS)
         self._timed_out = _BoundedSet(_REMEMBERED_REQUESTS)
@@ -217,7 +224,7 @@ class Inbox:
                 return self.receive_nowait()
             except WouldBlock:
                 pass
-            if not await self._wait(deadline):
+            if not await self._wait(deadline, read=True):
                 raise ReceiveTimeout(f"nothing arrived in {self.name}'s inbox within {timeout:g}s")
 
     def receive_batch_nowait(self, max: int = 64) -> list[Envelope]:
@@ -270,7 +277,7 @@ class Inbox:
             batch = self.drain_nowait(max)
             if batch:
                 return batch
-            if not await self._wait(deadline):
+            if not await self._wait(deadline, read=True):
                 raise ReceiveTimeout(f"nothing arrived in {self.name}'s inbox within {timeout:g}s")
 
     def _batch(self, max: int) -> list[EnvelopeFields | Envelope]:
@@ -384,20 +391,23 @@ class Inbox:
             del self._to_quarantine[0]
         await reader.commit(self._tracker.cursor())
 
-    def _signal_if(self, event: anyio.Event) -> None:
-        """`_signal`, if `event` is still the one waiters wait on (a deadline's timer)."""
-        if self._event is event:
-            self._signal()
-
     def _signal(self) -> None:
-        event = self._event
-        if event is not None:
-            self._event = None
-            event.set()
+        """Wake every task waiting in `_wait` (each then looks at what there is)."""
+        waiters = self._waiters
+        if waiters:
+            self._waiters = []
+            for waiter in waiters:
+                if not waiter.done():  # a waiter cancelled, or woken by its deadline
+                    waiter.set_result(None)
+
+    @property
+    def _waited_on(self) -> bool:
+        """True while some task waits for this inbox to change."""
+        return bool(self._waiters)
 
     def _has_new(self) -> bool:
         reader = self._reader
-        return self._event is not None and reader is not None and reader.has_new()
+        return bool(self._waiters) and reader is not None and reader.has_new()
 
     async def _fetch(self) -> bool:
         """Ask the store for records it has not pushed yet; True if some came."""
@@ -408,28 +418,42 @@ class Inbox:
         self._entries.extend(entries)
         return bool(entries)
 
-    async def _wait(self, deadline: float) -> bool:
-        """Wait for a wake-up; False once `deadline` (monotonic) has passed."""
-        event = self._event
-        if event is None:
-            event = self._event = anyio.Event()
-        if self._entries or self._reading.has_new():  # came before the event existed
+    async def _wait(self, deadline: float, *, read: bool = False) -> bool:
+        """Wait for a wake-up; False once `deadline` (monotonic) has passed.
+
+        `read=True`: the caller has just read to the end of the inbox, in this same step (no
+        await since), so what came before the wait need not be looked for again."""
+        if not read and (self._entries or self._reading.has_new()):  # came before this wait
             return True
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
         if deadline == math.inf:
-            await event.wait()
+            try:
+                await waiter
+            finally:
+                self._forget(waiter)
             return True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            self._forget(waiter)
             return False
         # a timer on the event loop rather than a cancel scope (which costs about 7 us more per
-        # wait, once per request): at the deadline it wakes this inbox's waiters, and each one
-        # tells a wake-up in time from the deadline by the clock
-        timer = asyncio.get_running_loop().call_later(remaining, self._signal_if, event)
+        # wait, once per request): at the deadline it wakes this waiter, which tells a wake-up
+        # in time from the deadline by the clock
+        timer = loop.call_later(remaining, _wake_waiter, waiter)
         try:
-            await event.wait()
+            await waiter
         finally:
             timer.cancel()
+            self._forget(waiter)
         return time.monotonic() < deadline
+
+    def _forget(self, waiter: asyncio.Future[None]) -> None:
+        """Drop `waiter` if `_signal` did not (its deadline passed, or its task was cancelled)."""
+        if self._waiters:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
 
     def _next(self) -> EnvelopeFields | None:
         """The next envelope for `receive`, decoded; None when nothing more is there."""
@@ -437,7 +461,9 @@ class Inbox:
         self._fill(one, 1)
         return one.pop() if one else None
 
-    def _fill(self, out: list[EnvelopeFields], max: int) -> None:
+    def _fill(
+        self, out: list[EnvelopeFields] | deque[EnvelopeFields | Envelope], max: float
+    ) -> None:
         """Decode records into `out` until it holds `max` envelopes for `receive` or nothing
         more is there.
 
@@ -448,11 +474,15 @@ class Inbox:
         entries, reader = self._entries, self._reading
         deliver, append = self._tracker.deliver, out.append
         team, name, signer = self._team, self.name, self._signer
+        read = False
         while len(out) < max:
             if not entries:
+                if read and reader.caught_up:  # it read all there was a moment ago
+                    return
                 new = reader.read_nowait()
                 if not new:
                     return
+                read = True
                 entries.extend(new)
             entry = entries.popleft()
             raw = entry.raw
@@ -523,11 +553,10 @@ class Inbox:
         `receive` wait in order in the ready queue."""
         if not self._lease_ok():
             self._retake_lease()
-        queued = False
-        while (fields := self._next()) is not None:
-            self._ready.append(fields)
-            queued = True
-        if queued:
+        ready = self._ready
+        queued = len(ready)
+        self._fill(ready, math.inf)
+        if len(ready) > queued:
             self._signal()  # a receiver waiting on this inbox has something now
 
     async def _close(self) -> None:

@@ -479,8 +479,9 @@ class Mailboxes:
             # no read right after the send: _wait() returns at once if anything has come; but
             # another task's read (a drain, another request's) may have routed the answer here
             # already, and set no event for this wait to see
+            read = False  # after _pump(), which reads to the end, _wait need not look again
             while reply.response is None:
-                if not await inbox._wait(min(deadline, check_at)):
+                if not await inbox._wait(min(deadline, check_at), read=read):
                     if time.monotonic() >= deadline:
                         break
                     try:
@@ -490,6 +491,7 @@ class Mailboxes:
                         raise
                     check_at = time.monotonic() + _LIVENESS_EVERY
                 inbox._pump()
+                read = True
                 if reply.response is not None:
                     break
         finally:
@@ -567,7 +569,7 @@ class Mailboxes:
 
     async def _rescan_some(self, inboxes: list[Inbox]) -> None:
         for inbox in inboxes:
-            if inbox._event is None:
+            if not inbox._waited_on:
                 continue  # nobody waits on it: whoever reads next reads what is there
             if inbox._has_new():
                 inbox._signal()

@@ -89,6 +89,11 @@ class InboxReader(ABC):
         """Load the committed cursor (the start of the inbox if none was committed) and read
         from there; called again after another consumer committed (`changed_elsewhere`)."""
 
+    #: True when the last `read_nowait` returned everything that was there when it read: a
+    #: reader that read again at once would find nothing (unless a writer was quick), and may
+    #: skip it. False (the default): read again.
+    caught_up: bool = False
+
     @abstractmethod
     def read_nowait(self) -> list[Entry]:
         """Entries that have arrived since the last read, without waiting and without asking a

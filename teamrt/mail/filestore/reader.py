@@ -214,6 +214,7 @@ class FileReader(InboxReader):
             raise translate(exc, f"read {self.paths.name}'s inbox") from None
 
     def _read(self) -> list[Entry]:
+        self.caught_up = False
         offset = self.decoder.offset
         st = os.fstat(self.fd)
         size = st.st_size
@@ -225,6 +226,8 @@ class FileReader(InboxReader):
                 if not chunk:
                     break
                 entries = self.decoder.feed(chunk)
+            # all there was, and the segment is not full (a full one may have been rotated)
+            self.caught_up = self.decoder.offset >= size < self.store.segment_bytes
             return entries
         if size < offset:
             raise self._corrupt(
