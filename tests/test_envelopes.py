@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import teamrt
@@ -20,7 +23,7 @@ from teamrt import (
     payload,
     register_payload,
 )
-from teamrt.envelopes import ENVELOPE_ADAPTER
+from teamrt.envelopes import ENVELOPE_ADAPTER, _build
 from teamrt.errors import InvalidEnvelope
 from teamrt.names import validate_name
 
@@ -155,3 +158,109 @@ def test_public_surface_is_pinned() -> None:
     }
     assert (Path(teamrt.__file__).parent / "py.typed").exists()
     assert all(getattr(teamrt, name) is not None for name in teamrt.__all__)
+
+
+# --- the constructors' direct path builds what validation builds ---------------------------------
+
+
+class ErrorBodyLike(BaseModel):
+    x: int
+
+
+_names = st.one_of(
+    st.sampled_from(["lead", "w-1", "A_b", "x" * 64, "x" * 65, "", "../x", "a b", "é", "-a"]),
+    st.text(max_size=70),
+    st.sampled_from([None, 3, b"lead"]),
+)
+_types = st.one_of(st.sampled_from(["t", "x" * 64, "x" * 65, ""]), st.text(max_size=3), st.none())
+_traces = st.one_of(st.none(), st.text(max_size=5), st.just(7))
+_bodies = st.one_of(
+    st.none(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=5),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=3),
+    st.builds(ErrorBodyLike, x=st.integers()),
+)
+_timeouts = st.one_of(st.none(), st.floats(), st.integers(-5, 5), st.just(10**400 // 10**399))
+
+
+def _outcome(make: Any) -> Any:
+    try:
+        envelope = make()
+    except Exception as exc:  # the error must be the same on both paths
+        return ("raised", type(exc), str(exc))
+    values = {k: v for k, v in envelope.__dict__.items() if k not in ("id", "ts", "deadline")}
+    return (
+        type(envelope),
+        list(envelope.__dict__),  # the declared order: the encoder writes it
+        repr(values),  # NaN in a body: compared by how it reads
+        envelope.model_fields_set,
+        envelope.deadline is None,
+        envelope.__pydantic_extra__,
+        envelope.__pydantic_private__,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(_names, _names, _bodies, _types, _traces, _timeouts)
+def test_constructors_build_what_validation_builds(
+    sender: Any, recipient: Any, body: Any, type_: Any, trace: Any, timeout: Any
+) -> None:
+    kw = {"type": type_} if type_ is not None else {}
+    data = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
+    assert _outcome(lambda: Envelope.message(sender, recipient, body, trace_id=trace, **kw)) == (
+        _outcome(
+            lambda: _build(
+                Message,
+                sender=sender,
+                recipient=recipient,
+                body=data,
+                type=type_ if type_ is not None else "text",
+                trace_id=trace,
+            )
+        )
+    )
+    try:
+        now_deadline = None if timeout is None else 1.0 + timeout
+    except TypeError:
+        return
+    asked = _outcome(
+        lambda: Envelope.request(sender, recipient, body, trace_id=trace, timeout=timeout, **kw)
+    )
+    slow = _outcome(
+        lambda: _build(
+            Request,
+            sender=sender,
+            recipient=recipient,
+            body=data,
+            type=type_ if type_ is not None else "request",
+            ts=1.0,
+            trace_id=trace,
+            deadline=now_deadline,
+        )
+    )
+    assert asked == slow
+    if asked[0] is not Request:
+        return
+    request = Envelope.request(sender, recipient, body, trace_id=trace, **kw)
+    assert _outcome(lambda: Envelope.response(request, body, **kw)) == _outcome(
+        lambda: _build(
+            Response,
+            sender=request.recipient,
+            recipient=request.sender,
+            body=data,
+            type=type_ if type_ is not None else "result",
+            in_reply_to=request.id,
+            trace_id=request.trace_id,
+        )
+    )
+
+
+def test_with_deadline_is_model_copy() -> None:
+    request = Envelope.request("lead", "w", {"a": 1}, type="task")
+    fast, slow = request.with_deadline(5.0), request.model_copy(update={"deadline": 5.0})
+    assert fast == slow and type(fast) is Request
+    assert fast.model_fields_set == slow.model_fields_set
+    assert list(fast.__dict__) == list(slow.__dict__)
+    assert request.deadline is None  # the original is unchanged

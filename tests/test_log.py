@@ -6,7 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from teamrt.envelopes import Envelope
-from teamrt.mail.filestore.framing import LineDecoder, decode_all, decode_slots, encode_slot
+from teamrt.mail.filestore.framing import (
+    LineDecoder,
+    LineSplitter,
+    decode_all,
+    decode_slots,
+    encode_slot,
+)
 from teamrt.mail.log import (
     AckTracker,
     Corrupt,
@@ -170,3 +176,31 @@ def test_cursor_slots_survive_a_torn_write() -> None:
 def test_stamp_many_writes_the_lines_stamp_writes(items: list[bytes], first: int) -> None:
     expected = b"".join(stamp(item, first + i, b"team-1") for i, item in enumerate(items))
     assert stamp_many(items, first, b"team-1") == expected
+
+
+_lines = st.lists(
+    st.one_of(
+        st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")),
+        st.sampled_from([b"", b" ", b"\t \r", b"x", b"{}", b"a" * 63, b"a" * 64, b"a" * 65]),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=300)
+@given(_lines, st.integers(min_value=0, max_value=3))
+def test_a_line_at_a_time_frames_as_the_whole_stream_does(lines: list[bytes], held: int) -> None:
+    """Feeding one whole line per call (the wake-up's fast path) frames exactly what feeding
+    the same bytes at once does: blank, whitespace and over-long lines included, after a
+    partial line held from before or not."""
+    head = b"x" * held  # a partial line fed first, then completed by the first piece
+    one, each = LineSplitter(max_line=64), LineSplitter(max_line=64)
+    whole = head + b"".join(line + b"\n" for line in lines)
+    expected = one.feed(whole)
+    got = each.feed(head)
+    for line in lines:
+        got += each.feed(line + b"\n")
+    assert [(e.raw, e.at, e.end, e.too_long) for e in got] == [
+        (e.raw, e.at, e.end, e.too_long) for e in expected
+    ]
+    assert (each.offset, each.position, each.pending) == (one.offset, one.position, one.pending)

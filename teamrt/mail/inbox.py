@@ -21,7 +21,7 @@ import logging
 import math
 import os
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
@@ -46,14 +46,22 @@ log = logging.getLogger("teamrt.mail")
 class _BoundedSet:
     """Remembers the most recent `size` keys."""
 
+    __slots__ = ("_keys", "_order", "_size")
+
     def __init__(self, size: int) -> None:
         self._size = size
-        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._keys: set[str] = set()
+        self._order: deque[str] = deque()  # oldest first
 
     def add(self, key: str) -> None:
-        self._keys[key] = None
-        if len(self._keys) > self._size:
-            self._keys.popitem(last=False)
+        keys = self._keys
+        if key in keys:
+            return
+        keys.add(key)
+        order = self._order
+        order.append(key)
+        if len(order) > self._size:
+            keys.discard(order.popleft())
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys

@@ -404,7 +404,7 @@ class Mailboxes:
         if timeout is None and envelope.deadline is not None:
             timeout = max(0.0, envelope.deadline - time.time())
         elif timeout is not None and envelope.deadline is None:
-            envelope = envelope.model_copy(update={"deadline": envelope.ts + timeout})
+            envelope = envelope.with_deadline(envelope.ts + timeout)
         if not consume:
             response = await self._watch_for_response(envelope, timeout, require_live)
         else:

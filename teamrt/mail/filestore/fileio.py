@@ -47,8 +47,11 @@ def fsync_dir(path: Path) -> None:
 
 def write_all(fd: int, data: bytes, size: int, what: str) -> None:
     """Append `data` whole, or truncate back to `size` and raise: never leave a partial line."""
-    view = memoryview(data)
     try:
+        written = os.write(fd, data)  # all of it, nearly always
+        if written == len(data):
+            return
+        view = memoryview(data)[written:]
         while view:
             view = view[os.write(fd, view) :]
     except OSError as exc:

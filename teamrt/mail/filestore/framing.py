@@ -59,6 +59,17 @@ class LineSplitter:
         return self._skip_start if self._skipping else self.offset - len(self._tail)
 
     def feed(self, data: bytes) -> list[Entry]:
+        size = len(data)
+        if (  # one whole line and nothing held: what a wake-up usually reads
+            data.find(b"\n") == size - 1
+            and not self._tail
+            and not self._skipping
+            and 1 < size <= self._max_line + 1
+            and not data.isspace()
+        ):
+            base = self.offset
+            self.offset = base + size
+            return [Entry(data[:-1], self.segment, base, base + size)]
         frames: list[Entry] = []
         if not data:
             return frames
