@@ -469,7 +469,7 @@ class Mailboxes:
     async def _request(
         self, envelope: Request, timeout: float | None, require_live: bool = True
     ) -> Response:
-        inbox = await self.open_inbox(envelope.sender)
+        inbox = self._inboxes.get(envelope.sender) or await self.open_inbox(envelope.sender)
         reply = _Reply(envelope.recipient)
         inbox._pending[envelope.id] = reply
         deadline = math.inf if timeout is None else time.monotonic() + timeout
