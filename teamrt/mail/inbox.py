@@ -125,6 +125,9 @@ class Inbox:
         # one future per waiting task (what an asyncio.Event keeps, without its 6 us of making
         # and waiting through anyio's wrapper on every wait); _signal() completes them all
         self._waiters: list[asyncio.Future[None]] = []
+        # signalled since the last read (by a notification, a send from this process, a rescan,
+        # a release): with a reader that caught up, receive() reads only if this is set
+        self._poked = False
         self._pending: dict[str, _Reply] = {}
         self._answered = _BoundedSet(_REMEMBERED_REQUESTS)
         self._timed_out = _BoundedSet(_REMEMBERED_REQUESTS)
@@ -198,6 +201,7 @@ class Inbox:
             )
 
     def _restart(self, cursor: Cursor) -> None:
+        self._poked = True
         self._tracker = AckTracker(cursor)
         self._ready.clear()
         self._released.clear()
@@ -228,10 +232,11 @@ class Inbox:
         while True:
             if not self._closed and not self._lease_ok():
                 await self._check_lease()
-            try:
-                return self.receive_nowait()
-            except WouldBlock:
-                pass
+            if self._unread():
+                try:
+                    return self.receive_nowait()
+                except WouldBlock:
+                    pass
             if not await self._wait(deadline, read=True):
                 raise ReceiveTimeout(f"nothing arrived in {self.name}'s inbox within {timeout:g}s")
 
@@ -282,7 +287,7 @@ class Inbox:
         while True:
             if not self._closed and not self._lease_ok():
                 await self._check_lease()
-            batch = self.drain_nowait(max)
+            batch = self.drain_nowait(max) if self._unread() else []
             if batch:
                 return batch
             if not await self._wait(deadline, read=True):
@@ -399,8 +404,21 @@ class Inbox:
             del self._to_quarantine[0]
         await reader.commit(self._tracker.cursor())
 
+    def _unread(self) -> bool:
+        """False when a read now would find nothing: the last read took all there was (the
+        reader says it caught up) and nothing has signalled since. A write after that read
+        signals (the store's notification, or `_wake` for a send from this process)."""
+        return bool(
+            self._ready
+            or self._entries
+            or self._poked
+            or self._closed
+            or not self._reading.caught_up
+        )
+
     def _signal(self) -> None:
         """Wake every task waiting in `_wait` (each then looks at what there is)."""
+        self._poked = True
         waiters = self._waiters
         if waiters:
             self._waiters = []
@@ -487,6 +505,7 @@ class Inbox:
             if not entries:
                 if read and reader.caught_up:  # it read all there was a moment ago
                     return
+                self._poked = False  # what signalled before this read, the read finds
                 new = reader.read_nowait()
                 if not new:
                     return

@@ -166,6 +166,7 @@ class FileReader(InboxReader):
         self.decoder = LineSplitter(
             cursor.offset, max_line=self.store.max_line, segment=cursor.segment
         )
+        self.caught_up = False
 
     def _open_segment(self, index: int) -> None:
         """Open segment `index` (a rotated segment, or the active file), then close the old
@@ -196,6 +197,7 @@ class FileReader(InboxReader):
         self.fd, self.segment = fd, index
         self.ino = os.fstat(fd).st_ino
         self.decoder = LineSplitter(max_line=self.store.max_line, segment=index)
+        self.caught_up = False
 
     def _rotated(self, size: int) -> bool:
         """True if our segment was rotated away. Rotation happens only to a file that reached
