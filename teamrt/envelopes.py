@@ -24,7 +24,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import (
     Annotated,
     Any,
@@ -55,7 +55,7 @@ P = TypeVar("P", bound=BaseModel)
 # time-sortable, unique across processes without coordination, and about 0.3 us to make.
 
 _counter = itertools.count()
-_tag = os.urandom(5).hex()
+_id_format = "%014x" + os.urandom(5).hex() + "%06x"  # the process's tag written in once
 
 # --- traces: every envelope sent while handling a task carries the task's trace id -----------
 
@@ -80,8 +80,8 @@ def tracing(trace_id: str | None) -> Iterator[None]:
 
 
 def _new_process_tag() -> None:
-    global _tag, _counter
-    _tag = os.urandom(5).hex()
+    global _counter, _id_format
+    _id_format = "%014x" + os.urandom(5).hex() + "%06x"
     _counter = itertools.count()
 
 
@@ -90,7 +90,7 @@ os.register_at_fork(after_in_child=_new_process_tag)
 
 def new_id() -> str:
     """Return a new unique, time-sortable envelope id (30 lowercase hex digits)."""
-    return f"{time.time_ns() // 1000:014x}{_tag}{next(_counter) & 0xFFFFFF:06x}"
+    return _id_format % (time.time_ns() // 1000, next(_counter) & 0xFFFFFF)
 
 
 # --- payload registry -------------------------------------------------------------------------
@@ -403,7 +403,7 @@ class Envelope(BaseModel):
         return _new(
             builtins.type(self),
             {**self.__dict__, "deadline": deadline},
-            frozenset((*self.model_fields_set, "deadline")),
+            (*self.model_fields_set, "deadline"),
         )
 
     # -- reading --
@@ -478,10 +478,10 @@ def _plain(body: Any, type_name: object, trace_id: object) -> bool:
 
 
 class Constructor(Protocol):
-    def __call__(self, cls: type[E], values: dict[str, Any], fields_set: frozenset[str]) -> E: ...
+    def __call__(self, cls: type[E], values: dict[str, Any], fields_set: Iterable[str]) -> E: ...
 
 
-def _construct_public(cls: type[E], values: dict[str, Any], fields_set: frozenset[str]) -> E:
+def _construct_public(cls: type[E], values: dict[str, Any], fields_set: Iterable[str]) -> E:
     return cast(E, cls.model_construct(set(fields_set), **values))
 
 
@@ -500,7 +500,7 @@ def _direct_constructor() -> Constructor | None:
         BaseModel.__dict__[name].__set__ for name in slots
     )
 
-    def construct(cls: type[E], values: dict[str, Any], fields_set: frozenset[str]) -> E:
+    def construct(cls: type[E], values: dict[str, Any], fields_set: Iterable[str]) -> E:
         envelope: E = new(cls)
         set_dict(envelope, values)
         set_fields_set(envelope, set(fields_set))

@@ -216,6 +216,10 @@ class Inbox:
                 self._retake_lease()
         elif lease.record.expired:
             self._lease_ok()  # raises LeaseLost
+        return self._take()
+
+    def _take(self) -> Envelope:
+        """`receive_nowait` once the lease is checked."""
         if self._ready:
             item = self._ready.popleft()
             return item.to_envelope() if type(item) is EnvelopeFields else item  # type: ignore[return-value]
@@ -234,7 +238,7 @@ class Inbox:
                 await self._check_lease()
             if self._unread():
                 try:
-                    return self.receive_nowait()
+                    return self._take()  # the lease was checked above
                 except WouldBlock:
                     pass
             if not await self._wait(deadline, read=True):
