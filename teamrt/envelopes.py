@@ -250,13 +250,7 @@ class Envelope(BaseModel):
         trace_id: str | None = None,
     ) -> Message:
         """A one-way envelope."""
-        if (
-            _plain(body, type, trace_id)
-            and builtins.type(sender) is str
-            and (sender in valid_names or is_name(sender))
-            and builtins.type(recipient) is str
-            and (recipient in valid_names or is_name(recipient))
-        ):
+        if _plain(body, type, trace_id) and _names(sender, recipient):
             return _new(  # what _build would make: the fields checked here, by the same rules
                 Message,
                 {
@@ -296,10 +290,7 @@ class Envelope(BaseModel):
         deadline = None if timeout is None else now + timeout
         if (
             _plain(body, type, trace_id)
-            and builtins.type(sender) is str
-            and (sender in valid_names or is_name(sender))
-            and builtins.type(recipient) is str
-            and (recipient in valid_names or is_name(recipient))
+            and _names(sender, recipient)
             and (deadline is None or (builtins.type(deadline) is float and math.isfinite(deadline)))
         ):
             return _new(
@@ -338,10 +329,7 @@ class Envelope(BaseModel):
         trace_id = request.trace_id
         if (
             _plain(body, type, trace_id)
-            and builtins.type(sender) is str
-            and (sender in valid_names or is_name(sender))
-            and builtins.type(recipient) is str
-            and (recipient in valid_names or is_name(recipient))
+            and _names(sender, recipient)
             and builtins.type(asked) is str
             and 0 < len(asked) <= 64
         ):
@@ -465,10 +453,20 @@ _REQUEST_SET: Final = _MESSAGE_SET | {"ts", "deadline"}
 _RESPONSE_SET: Final = _MESSAGE_SET | {"in_reply_to"}
 
 
+def _names(sender: object, recipient: object) -> bool:
+    """True if both are valid names (as the models' `Name` says)."""
+    return (
+        builtins.type(sender) is str
+        and (sender in valid_names or is_name(sender))
+        and builtins.type(recipient) is str
+        and (recipient in valid_names or is_name(recipient))
+    )
+
+
 def _plain(body: Any, type_name: object, trace_id: object) -> bool:
     """True if a constructor may build its envelope directly (`_new`): the body is not a model
     (which `_dump_body` and `_type_of` turn into data and a type name), the type and trace id
-    are plain strings pydantic would keep as they are. Names are checked by the caller."""
+    are plain strings pydantic would keep as they are. Names are checked by `_names`."""
     return (
         not isinstance(body, BaseModel)
         and builtins.type(type_name) is str
