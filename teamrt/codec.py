@@ -38,6 +38,7 @@ line is accepted or refused, with the same reason, exactly as `decode_line` woul
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal, NoReturn, TypeAlias
@@ -102,9 +103,10 @@ _OPTIONS: Final = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
     | orjson.OPT_PASSTHROUGH_DATETIME
 )
-_INF: Final = float("inf")
+_finite: Final = math.isfinite
 _dumps: Final = orjson.dumps
-# below this many bytes, walking a body costs about what searching its encoding does
+# up to this many bytes, a body is looked at rather than its encoding searched for a null (the
+# two searches cost about 0.35 us; looking at a flat body of a few scalars, about 0.1 us)
 _WALK_BELOW: Final = 512
 
 
@@ -136,7 +138,7 @@ def _plain_and_finite(container: dict[str, Any] | list[Any] | tuple[Any, ...]) -
         for item in value.values() if type(value) is dict else value:
             kind = type(item)
             if kind is float:
-                if not -_INF < item < _INF:
+                if not _finite(item):
                     return False
             elif kind is dict or kind is list or kind is tuple:
                 stack.append(item)
@@ -160,8 +162,8 @@ def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
         deadline = fields["deadline"]
         if (
             type(ts) is float
-            and -_INF < ts < _INF
-            and (deadline is None or (type(deadline) is float and -_INF < deadline < _INF))
+            and _finite(ts)
+            and (deadline is None or (type(deadline) is float and _finite(deadline)))
             and type(fields["v"]) is int
         ):
             try:
@@ -171,17 +173,35 @@ def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
             body = fields["body"]
             kind = type(body)
             if kind is dict or kind is list or kind is tuple:
-                # orjson writes NaN and Infinity as null (pydantic as NaN and Infinity): a short
-                # body is searched for them, a long one only if its bytes hold a null (a ',"'
-                # cannot occur inside a JSON string, so the first ',"body":' is the key)
-                if (
-                    len(data) <= _WALK_BELOW or data.find(b"null", data.find(b',"body":')) >= 0
-                ) and not _plain_and_finite(body):
+                # orjson writes NaN and Infinity as null (pydantic as NaN and Infinity), so the
+                # body must be shown to hold neither. A short one is looked at: a flat dict or
+                # list of scalars (most bodies) in this loop, anything else by the whole walk. A
+                # long one is walked only if its bytes hold a null (a ',"' cannot occur inside a
+                # JSON string, so the first ',"body":' is the key).
+                if len(data) <= _WALK_BELOW:
+                    for item in body.values() if kind is dict else body:
+                        item_kind = type(item)
+                        if item_kind is float:
+                            if not _finite(item):
+                                return _by_serializer(envelope, finite)
+                        elif not (
+                            item_kind is str
+                            or item_kind is int
+                            or item is None
+                            or item_kind is bool
+                        ):
+                            if not _plain_and_finite(body):
+                                return _by_serializer(envelope, finite)
+                            break
+                elif data.find(b"null", data.find(b',"body":')) >= 0 and not _plain_and_finite(
+                    body
+                ):
                     return _by_serializer(envelope, finite)
-            elif kind is float and not -_INF < body < _INF:
+            elif kind is float and not _finite(body):
                 return _by_serializer(envelope, finite)
-            # seq and team come first, and a '"v":' can only be a key
-            if data.startswith(b'{"seq":null,"team":null,'):
+            # then orjson wrote seq and team first, as `{"seq":null,"team":null,`; otherwise a
+            # '"v":' can only be the next key
+            if fields["seq"] is None and fields["team"] is None:
                 return data[24:]
             return data[data.index(b'"v":') :]
     return _by_serializer(envelope, finite)
