@@ -299,6 +299,142 @@ def test_a_user_subclass_goes_to_pydantic() -> None:
     assert b'"tag":"x"' in encode(tagged)
 
 
+# the flat bodies `encode` checks in its own loop (a dict, list or tuple of scalars, in a short
+# line), and the ones its loop hands to the walk: every scalar kind, anywhere in the body
+NON_FINITE = st.sampled_from([math.nan, -math.nan, math.inf, -math.inf])
+ODD_SCALARS = st.sampled_from(
+    [
+        Word("w"),
+        Level.HIGH,
+        Colour.RED,
+        Colour.POINT,
+        Colour.NAN,
+        uuid.UUID(int=7),
+        decimal.Decimal("1.5"),
+        b"bytes",
+        "\ud800",
+    ]
+)
+FLAT_SCALARS = SCALARS | NON_FINITE | ODD_SCALARS | st.text(min_size=400, max_size=600)
+FLAT = st.lists(FLAT_SCALARS, max_size=6)
+FLAT_BODIES = (
+    FLAT
+    | FLAT.map(tuple)
+    | st.dictionaries(TEXT, FLAT_SCALARS, max_size=6)
+    # one level deeper: the loop meets a container and the whole body is walked
+    | st.lists(FLAT_SCALARS | FLAT | st.dictionaries(TEXT, FLAT_SCALARS, max_size=3), max_size=4)
+    | st.dictionaries(TEXT, FLAT_SCALARS | FLAT.map(tuple), max_size=4)
+)
+
+
+def assert_refuses_alike(envelope: Envelope) -> None:
+    """`encode(finite=True)` refuses exactly what pydantic's bytes hold NaN or Infinity in, and
+    otherwise returns them."""
+    try:
+        expected = pydantic_encode(envelope)
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            encode(envelope, finite=True)
+        return
+    try:
+        check_finite(envelope, expected)
+    except InvalidEnvelope:
+        with pytest.raises(InvalidEnvelope):
+            encode(envelope, finite=True)
+        return
+    assert encode(envelope, finite=True) == expected
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(FLAT_BODIES, st.sampled_from(["message", "request", "broadcast"]))
+def test_flat_and_nested_bodies_encode_and_refuse_alike(body: Any, kind: str) -> None:
+    make = {
+        "message": lambda: Envelope.message("lead", "worker"),
+        "request": lambda: Envelope.request("lead", "worker", timeout=5),
+        "broadcast": lambda: Envelope.broadcast("lead"),
+    }[kind]
+    envelope = make().model_copy(update={"body": body})
+    assert_encodes_alike(envelope)
+    assert_refuses_alike(envelope)
+
+
+PADDING = "x" * 600  # makes the line long: its encoding is searched for a null first
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["short", "long"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"a": math.nan, "b": 1},
+        {"a": 1, "b": "x", "c": math.inf},
+        {"a": None, "b": -math.inf, "c": True},
+        [1, "x", None, math.nan],
+        (None, -math.inf),
+        (1.5, 2.5, math.inf),
+        {"a": 1, "b": {"c": math.nan}},
+        {"a": 1.5, "b": [None, (2, math.inf)]},
+        [1, [2, [3, [math.nan]]]],
+        {"a": 1, "b": Colour.NAN},
+        [None, Level.HIGH, math.nan],
+    ],
+)
+def test_nan_and_infinity_anywhere_in_a_body_are_refused(body: Any, pad: bool) -> None:
+    if pad:
+        body = {"pad": PADDING, "body": body} if type(body) is dict else (PADDING, *body)
+    envelope = Envelope.message("lead", "worker", body)
+    assert_encodes_alike(envelope)
+    assert b"NaN" in pydantic_encode(envelope) or b"Infinity" in pydantic_encode(envelope)
+    with pytest.raises(InvalidEnvelope):
+        encode(envelope, finite=True)
+
+
+def _not_pydantic(envelope: Envelope, finite: bool) -> bytes:
+    raise AssertionError(f"took the pydantic path: {envelope!r}")
+
+
+def _not_walked(container: Any) -> bool:
+    raise AssertionError(f"walked a flat body: {container!r}")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"i": 1, "text": "hello world"},
+        {"score": 0.5, "ok": True, "none": None, "big": 2**63 - 1, "neg": -(2**63)},
+        ["é中😀", "\u2028", 1, -0.0, 1e300, False],
+        ("a", 2, 3.5),
+        {},
+        [],
+    ],
+)
+def test_short_flat_bodies_are_checked_without_the_walk_or_pydantic(body: Any) -> None:
+    envelope = Envelope.message("lead", "worker", body)
+    expected = pydantic_encode(envelope)
+    with (
+        mock.patch.object(codec, "_by_serializer", _not_pydantic),
+        mock.patch.object(codec, "_plain_and_finite", _not_walked),
+    ):
+        assert encode(envelope, finite=True) == expected
+
+
+def test_the_bench_envelopes_take_the_orjson_path() -> None:
+    envelopes = bench_envelopes(100)
+    expected = [pydantic_encode(envelope) for envelope in envelopes]
+    with mock.patch.object(codec, "_by_serializer", _not_pydantic):
+        assert [encode(envelope, finite=True) for envelope in envelopes] == expected
+
+
+@pytest.mark.parametrize(
+    "update",
+    [{"seq": 5}, {"team": "t-1"}, {"seq": 0, "team": "t"}, {"seq": 2**70, "team": "t"}],
+    ids=str,
+)
+def test_an_envelope_with_seq_or_team_set_is_written_without_them(update: dict[str, Any]) -> None:
+    envelope = Envelope.message("lead", "worker", {"v": 1, '"v":': "x"}).model_copy(update=update)
+    assert_encodes_alike(envelope)
+    assert encode(envelope).startswith(b'"v":1,')
+
+
 # --- decoding ---------------------------------------------------------------------------------
 
 
