@@ -105,8 +105,11 @@ _OPTIONS: Final = (
 )
 _finite: Final = math.isfinite
 _dumps: Final = orjson.dumps
-# up to this many bytes, a body is looked at rather than its encoding searched for a null (the
-# two searches cost about 0.35 us; looking at a flat body of a few scalars, about 0.1 us)
+# a body of up to this many items is looked at item by item first (about 25 ns an item): most are
+# one flat dict or list of scalars, settled that way
+_FLAT_ITEMS: Final = 16
+# in a line of up to this many bytes, a body that is not flat is walked; in a longer one, only if
+# its encoding holds a null (the two searches through a line cost about 0.35 us and up)
 _WALK_BELOW: Final = 512
 
 
@@ -147,6 +150,15 @@ def _plain_and_finite(container: dict[str, Any] | list[Any] | tuple[Any, ...]) -
     return True
 
 
+def _body_finite(body: dict[str, Any] | list[Any] | tuple[Any, ...], data: bytes) -> bool:
+    """True if `body`, encoded by orjson in `data`, holds no NaN or Infinity (and nothing else
+    that the walk refuses): a short line's body is walked, a long one's only if its bytes hold a
+    null (a ',"' cannot occur inside a JSON string, so the first ',"body":' is the key)."""
+    if len(data) > _WALK_BELOW and data.find(b"null", data.find(b',"body":')) < 0:
+        return True
+    return _plain_and_finite(body)
+
+
 def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
     """The envelope's fields after `seq` and `team` (which `log.stamp` fills in), as compact JSON
     without the opening brace and without a newline: byte for byte what pydantic writes.
@@ -174,28 +186,26 @@ def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
             kind = type(body)
             if kind is dict or kind is list or kind is tuple:
                 # orjson writes NaN and Infinity as null (pydantic as NaN and Infinity), so the
-                # body must be shown to hold neither. A short one is looked at: a flat dict or
-                # list of scalars (most bodies) in this loop, anything else by the whole walk. A
-                # long one is walked only if its bytes hold a null (a ',"' cannot occur inside a
-                # JSON string, so the first ',"body":' is the key).
-                if len(data) <= _WALK_BELOW:
+                # body must be shown to hold neither: a flat one here, in a loop without calls;
+                # at the first nested container (or anything else) by the general check
+                if len(body) <= _FLAT_ITEMS:
                     for item in body.values() if kind is dict else body:
                         item_kind = type(item)
-                        if item_kind is float:
-                            if not _finite(item):
-                                return _by_serializer(envelope, finite)
-                        elif not (
+                        if (
                             item_kind is str
                             or item_kind is int
                             or item is None
                             or item_kind is bool
                         ):
-                            if not _plain_and_finite(body):
-                                return _by_serializer(envelope, finite)
-                            break
-                elif data.find(b"null", data.find(b',"body":')) >= 0 and not _plain_and_finite(
-                    body
-                ):
+                            continue
+                        if item_kind is float:
+                            if _finite(item):
+                                continue
+                            return _by_serializer(envelope, finite)
+                        if not _body_finite(body, data):
+                            return _by_serializer(envelope, finite)
+                        break
+                elif not _body_finite(body, data):
                     return _by_serializer(envelope, finite)
             elif kind is float and not _finite(body):
                 return _by_serializer(envelope, finite)

@@ -316,7 +316,7 @@ ODD_SCALARS = st.sampled_from(
     ]
 )
 FLAT_SCALARS = SCALARS | NON_FINITE | ODD_SCALARS | st.text(min_size=400, max_size=600)
-FLAT = st.lists(FLAT_SCALARS, max_size=6)
+FLAT = st.lists(FLAT_SCALARS, max_size=6) | st.lists(FLAT_SCALARS, min_size=15, max_size=20)
 FLAT_BODIES = (
     FLAT
     | FLAT.map(tuple)
@@ -376,6 +376,8 @@ PADDING = "x" * 600  # makes the line long: its encoding is searched for a null 
         [1, [2, [3, [math.nan]]]],
         {"a": 1, "b": Colour.NAN},
         [None, Level.HIGH, math.nan],
+        [0] * 20 + [math.nan],  # more items than encode's own loop looks at
+        {f"k{i}": 1.5 for i in range(16)} | {"last": -math.inf},
     ],
 )
 def test_nan_and_infinity_anywhere_in_a_body_are_refused(body: Any, pad: bool) -> None:
@@ -396,10 +398,17 @@ def _not_walked(container: Any) -> bool:
     raise AssertionError(f"walked a flat body: {container!r}")
 
 
+def _not_searched(body: Any, data: bytes) -> bool:
+    raise AssertionError(f"searched a flat body: {body!r}")
+
+
 @pytest.mark.parametrize(
     "body",
     [
         {"i": 1, "text": "hello world"},
+        {"answer": "x" * 2000, "steps": 3, "cost": 0.25, "detail": None},
+        ["é" * 1000, 2**63 - 1, 1e-300],
+        list(range(16)),
         {"score": 0.5, "ok": True, "none": None, "big": 2**63 - 1, "neg": -(2**63)},
         ["é中😀", "\u2028", 1, -0.0, 1e300, False],
         ("a", 2, 3.5),
@@ -407,12 +416,13 @@ def _not_walked(container: Any) -> bool:
         [],
     ],
 )
-def test_short_flat_bodies_are_checked_without_the_walk_or_pydantic(body: Any) -> None:
+def test_flat_bodies_are_checked_without_the_walk_the_search_or_pydantic(body: Any) -> None:
     envelope = Envelope.message("lead", "worker", body)
     expected = pydantic_encode(envelope)
     with (
         mock.patch.object(codec, "_by_serializer", _not_pydantic),
         mock.patch.object(codec, "_plain_and_finite", _not_walked),
+        mock.patch.object(codec, "_body_finite", _not_searched),
     ):
         assert encode(envelope, finite=True) == expected
 
