@@ -140,12 +140,14 @@ def _plain_and_finite(container: dict[str, Any] | list[Any] | tuple[Any, ...]) -
         value = stack.pop()
         for item in value.values() if type(value) is dict else value:
             kind = type(item)
+            if kind is str or kind is int or item is None or kind is bool:
+                continue
             if kind is float:
                 if not _finite(item):
                     return False
             elif kind is dict or kind is list or kind is tuple:
                 stack.append(item)
-            elif not (kind is str or kind is int or item is None or kind is bool):
+            else:
                 return False
     return True
 
