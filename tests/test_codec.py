@@ -348,12 +348,14 @@ def assert_refuses_alike(envelope: Envelope) -> None:
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(FLAT_BODIES, st.sampled_from(["message", "request", "broadcast"]))
 def test_flat_and_nested_bodies_encode_and_refuse_alike(body: Any, kind: str) -> None:
-    make = {
-        "message": lambda: Envelope.message("lead", "worker"),
-        "request": lambda: Envelope.request("lead", "worker", timeout=5),
-        "broadcast": lambda: Envelope.broadcast("lead"),
-    }[kind]
-    envelope = make().model_copy(update={"body": body})
+    made: Envelope
+    if kind == "message":
+        made = Envelope.message("lead", "worker")
+    elif kind == "request":
+        made = Envelope.request("lead", "worker", timeout=5)
+    else:
+        made = Envelope.broadcast("lead")
+    envelope = made.model_copy(update={"body": body})
     assert_encodes_alike(envelope)
     assert_refuses_alike(envelope)
 
