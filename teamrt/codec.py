@@ -11,9 +11,10 @@ nested lists and dicts); wherever they could disagree, the envelope goes to pyda
   limit, and any type that is not plain JSON data (datetimes, dataclasses, bytes, subclasses of
   str, int, float, dict or list, models...), which orjson refuses here;
 - NaN and Infinity, which orjson writes as `null` where pydantic writes `NaN` / `Infinity` (and
-  `check_finite` then refuses the envelope): `ts` and `deadline` are checked directly, and a list
-  or dict body is searched for non-finite floats before its bytes are used (a long one only if
-  its encoding holds a `null`);
+  `check_finite` then refuses the envelope): `ts` and `deadline` are checked directly, and a list,
+  tuple or dict body is searched for non-finite floats before its bytes are used: a flat one (up
+  to 16 scalars, most bodies) item by item in `encode` itself, any other by a walk through it (in
+  a long line only if its encoding holds a `null`);
 - `v`, `ts` or `deadline` of another type than declared (pydantic's typed serializers coerce them),
   a field model_copy was given that the models do not have, and envelope classes other than the
   four kinds and their base.
