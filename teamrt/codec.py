@@ -189,8 +189,9 @@ def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
             kind = type(body)
             if kind is dict or kind is list or kind is tuple:
                 # orjson writes NaN and Infinity as null (pydantic as NaN and Infinity), so the
-                # body must be shown to hold neither: a flat one here, in a loop without calls;
-                # at the first nested container (or anything else) by the general check
+                # body must be shown to hold neither: a flat one by this loop (cheaper than the
+                # walk's call and stack for a few items), from its first nested container (or
+                # anything else) on by the general check
                 if len(body) <= _FLAT_ITEMS:
                     for item in body.values() if kind is dict else body:
                         item_kind = type(item)
