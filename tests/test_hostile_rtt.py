@@ -495,14 +495,17 @@ async def _caught_up(tmp_path: Path, mail: Mailboxes) -> Any:
     return inbox
 
 
-@pytest.mark.parametrize("rescan", [0.02, 3600])
+@pytest.mark.parametrize("wake", ["notification", "rescan"])
 async def test_an_inbox_file_deleted_after_a_read_that_caught_up_is_reported(
-    tmp_path: Path, rescan: float
+    tmp_path: Path, wake: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The reader found everything there was; then the log is deleted. A receiver that waits
     with a timeout, again and again, must hear of it (StoreCorrupt naming `teamrt repair`),
-    not time out forever as if the inbox were merely empty."""
-    async with _file_mail(tmp_path, rescan_interval=rescan) as mail:
+    not time out forever as if the inbox were merely empty: woken by the file's notification
+    (the safety rescan is off), or where there are none by the rescan."""
+    if wake == "rescan":
+        monkeypatch.setattr(inotify, "available", lambda: False)
+    async with _file_mail(tmp_path, rescan_interval=3600) as mail:
         inbox = await _caught_up(tmp_path, mail)
         os.unlink(tmp_path / "team" / "inboxes" / "worker.jsonl")
 
