@@ -30,6 +30,8 @@ from teamrt import Envelope, FileMailboxes
 from teamrt.envelopes import Message, Request, Response, _build, _dump_body, _type_of
 from teamrt.errors import ReceiveTimeout, RequestTimeout, StoreCorrupt, UsageError
 from teamrt.mail import inotify
+from teamrt.mail.filestore import fileio
+from teamrt.mail.filestore.framing import LineSplitter
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.memory import MemoryStore
 
@@ -573,6 +575,92 @@ async def test_a_nan_or_huge_timeout_is_a_usage_error_not_a_corrupt_timer(
                 with pytest.raises(UsageError, match="timeout"):
                     await wait()
         assert inbox.statistics().pending_requests == 0
+
+
+# --- framing and writing fast paths ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b"x" * 8 + b"\n"],  # exactly max_line bytes: not too long
+        [b"x" * 9 + b"\n"],  # one more: too long, reported once
+        [b"\n"],
+        [b" \t\r\n"],
+        [b"\x0b\n"],
+        [b"ab\r\n"],
+        [b"ab", b"c\n"],  # a held tail, then the rest of its line
+        [b"x" * 12, b"yy\n", b"ok\n"],  # an over-long tail, then its end, then a line
+        [b"a\n", b"b\n", b"\n", b"c\n"],
+        [b"", b"a\n"],
+    ],
+)
+def test_one_line_fed_alone_frames_as_the_general_loop_does(chunks: list[bytes]) -> None:
+    """Fed chunk by chunk (the fast path takes each whole line) or as one buffer (the general
+    loop): the same entries, the same offsets."""
+    split, whole = LineSplitter(max_line=8, segment=3), LineSplitter(max_line=8, segment=3)
+    got = [entry for chunk in chunks for entry in split.feed(chunk)]
+    assert got == whole.feed(b"".join(chunks))
+    assert (split.offset, split.position, split.pending) == (
+        whole.offset,
+        whole.position,
+        whole.pending,
+    )
+
+
+def test_write_all_finishes_a_short_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = os.open(tmp_path / "log", os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    real_write = os.write
+
+    def short_write(fd: int, data: bytes | memoryview) -> int:
+        return real_write(fd, bytes(data[:3]))  # three bytes at a time
+
+    try:
+        monkeypatch.setattr(os, "write", short_write)
+        fileio.write_all(fd, b"0123456789\n", 0, "test")
+        fileio.write_all(fd, b"", 11, "test")
+        monkeypatch.undo()
+    finally:
+        os.close(fd)
+    assert (tmp_path / "log").read_bytes() == b"0123456789\n"
+
+
+# --- release, and a second writer in this process ----------------------------------------------
+
+
+async def test_a_release_wakes_a_receiver_that_caught_up(tmp_path: Path) -> None:
+    async with _file_mail(tmp_path, rescan_interval=3600) as mail:
+        inbox = await _caught_up(tmp_path, mail)
+        await mail.send(Envelope.message("lead", "worker", "second"))
+        held = await inbox.receive(timeout=5)
+        got: list[object] = []
+
+        async def receiver() -> None:
+            got.append((await inbox.receive()).body)
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receiver)
+                await anyio.sleep(0.01)
+                inbox.release(held)
+        assert got == ["second"]
+
+
+async def test_a_second_mailboxes_on_one_memory_store_wakes_the_receiver_by_the_rescan() -> None:
+    """Another `Mailboxes` on the same store writes without this one's `_wake`: like another
+    process with no notifications, only the rescan can wake the receiver."""
+    store = MemoryStore("team")
+    async with (
+        Mailboxes(store, members=MEMBERS, rescan_interval=0.05) as mail,
+        Mailboxes(store) as other,
+    ):
+        inbox = await mail.open_inbox("worker")
+        await mail.send(Envelope.message("lead", "worker", "first"))
+        await inbox.ack(await inbox.receive(timeout=5))
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other.send, Envelope.message("lead", "worker", "second"))
+                assert (await inbox.receive()).body == "second"
 
 
 # --- the child ---------------------------------------------------------------------------------
