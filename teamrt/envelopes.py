@@ -388,6 +388,8 @@ class Envelope(BaseModel):
         """A copy with `deadline` (epoch seconds, or None), as `model_copy(update={"deadline":
         deadline})` makes it (not validated), at a third of the cost: `request()` sets a
         request's deadline from its timeout this way."""
+        if self.__pydantic_extra__ or self.__pydantic_private__:  # a user's subclass keeps them
+            return self.model_copy(update={"deadline": deadline})
         return _new(
             builtins.type(self),
             {**self.__dict__, "deadline": deadline},

@@ -82,6 +82,23 @@ class InboxStatistics:
     rejected_responses: int = 0  # answers to a pending request from someone it did not ask
 
 
+def deadline_after(timeout: float | None) -> float:
+    """The `time.monotonic()` deadline `timeout` seconds from now (infinite for None).
+
+    Raises `UsageError` for NaN (a NaN deadline on the event loop's timer heap compares false
+    with every other timer, so it fires at no particular time and can hold other tasks' timers
+    up behind it) and for a number too large for a float."""
+    if timeout is None:
+        return math.inf
+    try:
+        deadline = time.monotonic() + timeout
+    except OverflowError:
+        raise UsageError(f"timeout {timeout} is too large: give seconds, or None") from None
+    if deadline != deadline:  # NaN
+        raise UsageError("timeout must be a number of seconds or None, not NaN")
+    return deadline
+
+
 def _wake_waiter(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -232,7 +249,7 @@ class Inbox:
 
     async def receive(self, timeout: float | None = None) -> Envelope:
         """Wait for the next envelope; raise `ReceiveTimeout` after `timeout` seconds."""
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while True:
             if not self._closed and not self._lease_ok():
                 await self._check_lease()
@@ -287,7 +304,7 @@ class Inbox:
         return up to `max` that are here, as `drain_nowait` does."""
         if max < 1:
             raise UsageError(f"max must be at least 1, not {max}")
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while True:
             if not self._closed and not self._lease_ok():
                 await self._check_lease()

@@ -15,6 +15,7 @@ import struct
 from collections.abc import Callable
 
 IN_MODIFY = 0x00000002
+IN_ATTRIB = 0x00000004  # also when the link count changes: the file was deleted
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
 IN_Q_OVERFLOW = 0x00004000

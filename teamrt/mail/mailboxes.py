@@ -55,7 +55,7 @@ from teamrt.errors import (
     TeammateGone,
     UsageError,
 )
-from teamrt.mail.inbox import Inbox, InboxStatistics, _Reply
+from teamrt.mail.inbox import Inbox, InboxStatistics, _Reply, deadline_after
 from teamrt.mail.log import decode_line
 from teamrt.mail.signing import Signer, team_key
 from teamrt.mail.store import HEARTBEAT_INTERVAL, Store, run_local
@@ -401,6 +401,7 @@ class Mailboxes:
         """
         if not isinstance(envelope, Request):
             raise UsageError(f"request() takes a request envelope, not a {envelope.kind}")
+        deadline_after(timeout)  # NaN, or too large for a float: UsageError
         if timeout is None and envelope.deadline is not None:
             timeout = max(0.0, envelope.deadline - time.time())
         elif timeout is not None and envelope.deadline is None:
@@ -472,7 +473,7 @@ class Mailboxes:
         inbox = self._inboxes.get(envelope.sender) or await self.open_inbox(envelope.sender)
         reply = _Reply(envelope.recipient)
         inbox._pending[envelope.id] = reply
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
         try:
             await self.send(envelope)

@@ -260,7 +260,10 @@ class FileReader(InboxReader):
         """Never raises (it runs in the background rescan): trouble is reported by `read`."""
         try:
             size = os.lseek(self.fd, 0, os.SEEK_END)
-            return size != self.decoder.offset or self._rotated(size)
+            if size != self.decoder.offset or self._rotated(size):
+                return True
+            # deleted: only a read reports it, and a reader that caught up waits without one
+            return os.fstat(self.fd).st_nlink == 0
         except OSError:
             return True
 

@@ -443,7 +443,11 @@ class FileStore(Store):
         assert self._notify is not None
         paths = self.inbox_paths(name)
         try:
-            wd = self._inotify.add_watch(str(paths.log), inotify.IN_MODIFY, name, self._notify)
+            # IN_ATTRIB: a deleted log is a change too (a reader that caught up skips its reads
+            # until something signals, and deleting a file writes nothing)
+            wd = self._inotify.add_watch(
+                str(paths.log), inotify.IN_MODIFY | inotify.IN_ATTRIB, name, self._notify
+            )
         except OSError:
             return  # no such file (damage): the reader reports it, the rescan retries
         old = self._watched.get(name, -1)
