@@ -40,9 +40,7 @@ line is accepted or refused, with the same reason, exactly as `decode_line` woul
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable
-from typing import Annotated, Any, Final, Literal, NoReturn, TypeAlias
+from typing import Annotated, Any, Final, Literal, NoReturn
 
 import msgspec
 import orjson
@@ -55,11 +53,13 @@ from teamrt.envelopes import (
     Message,
     Request,
     Response,
+    _new,
     _payloads,
     check_finite,
     payload_model,
 )
-from teamrt.names import NAME_PATTERN
+from teamrt.names import is_name as _valid_name
+from teamrt.names import valid_names as _valid_names
 
 __all__ = ["EnvelopeFields", "decode_fields", "encode", "encode_with_pydantic"]
 
@@ -290,66 +290,8 @@ class EnvelopeFields(msgspec.Struct, frozen=True, gc=False, forbid_unknown_field
         )
 
 
-_Constructor: TypeAlias = Callable[
-    [type[Message | Request | Response | Broadcast], dict[str, Any], frozenset[str]],
-    Message | Request | Response | Broadcast,
-]
-
-
-def _construct_public(
-    cls: type[Message | Request | Response | Broadcast],
-    values: dict[str, Any],
-    fields_set: frozenset[str],
-) -> Message | Request | Response | Broadcast:
-    return cls.model_construct(set(fields_set), **values)
-
-
-def _direct_constructor() -> _Constructor | None:
-    """What model_construct does for these models (no extras kept, no private attributes, no
-    post-init), without its per-field Python loop: 0.6 us against 4 us. None if this pydantic
-    keeps more per instance than the four slots this knows."""
-    slots = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
-    if getattr(BaseModel, "__slots__", ()) != slots or any(
-        cls.__pydantic_post_init__ for cls in _CLASS_BY_KIND.values()
-    ):
-        return None  # pragma: no cover - a pydantic this was not written for
-    new = object.__new__
-    # the slots' own setters skip BaseModel.__setattr__ (which refuses, the models being frozen)
-    set_dict, set_fields_set, set_extra, set_private = (
-        BaseModel.__dict__[name].__set__ for name in slots
-    )
-
-    def construct(
-        cls: type[Message | Request | Response | Broadcast],
-        values: dict[str, Any],
-        fields_set: frozenset[str],
-    ) -> Message | Request | Response | Broadcast:
-        envelope = new(cls)
-        set_dict(envelope, values)
-        set_fields_set(envelope, set(fields_set))
-        set_extra(envelope, None)
-        set_private(envelope, None)
-        return envelope
-
-    return construct
-
-
-_construct: Final = _direct_constructor() or _construct_public
-
-_name_match: Final = re.compile(NAME_PATTERN.removeprefix("^").removesuffix("$")).fullmatch
-# names repeat (a team has a few members): the ones seen valid are remembered, up to a bound
-_valid_names: set[str] = set()
-_VALID_NAMES_KEPT: Final = 4096
-
-
-def _valid_name(name: str) -> bool:
-    if _name_match(name) is None:
-        return False
-    if len(_valid_names) >= _VALID_NAMES_KEPT:
-        _valid_names.clear()
-    _valid_names.add(name)
-    return True
-
+# what model_construct does, without its per-field loop (one constructor for all of teamrt)
+_construct: Final = _new
 
 # orjson parses an integer beyond 64 bits as a float, pydantic as an int: a float that large in a
 # line goes to pydantic; so does an int time that a float might not represent exactly

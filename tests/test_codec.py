@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from teamrt import codec
+from teamrt import codec, names
 from teamrt.cli.bench import _envelopes as bench_envelopes
 from teamrt.codec import FIELD_NAMES, EnvelopeFields, decode_fields, encode
 from teamrt.envelopes import (
@@ -29,6 +29,7 @@ from teamrt.envelopes import (
     Envelope,
     Message,
     Response,
+    _construct_public,
     check_finite,
     new_id,
     register_payload,
@@ -711,7 +712,7 @@ def test_to_envelope_builds_the_same_model_as_model_construct() -> None:
     fields = decode_fields(line)
     assert isinstance(fields, EnvelopeFields)
     values = {name: getattr(fields, name) for name in FIELD_NAMES}
-    public = codec._construct_public(type(fields.to_envelope()), values, fields.fields_set)
+    public = _construct_public(type(fields.to_envelope()), values, fields.fields_set)
     assert public == fields.to_envelope() == decode_line(line)
     assert public.model_fields_set == fields.to_envelope().model_fields_set
     with pytest.raises(AttributeError):
@@ -719,11 +720,11 @@ def test_to_envelope_builds_the_same_model_as_model_construct() -> None:
 
 
 def test_the_remembered_names_stay_bounded() -> None:
-    for i in range(codec._VALID_NAMES_KEPT + 10):
+    for i in range(names._VALID_NAMES_KEPT + 10):
         line = _line(Envelope.message(f"sender-{i}", "worker", i), i)
         fields = decode_fields(line)
         assert isinstance(fields, EnvelopeFields) and fields.sender == f"sender-{i}"
-    assert 0 < len(codec._valid_names) <= codec._VALID_NAMES_KEPT
+    assert 0 < len(names.valid_names) <= names._VALID_NAMES_KEPT
 
 
 def test_the_lines_teamrt_writes_are_decoded_in_one_typed_pass(
