@@ -52,7 +52,7 @@ def instrument() -> None:
     """Wrap the functions on the critical path so that each leaves a timestamp."""
     read_events = inotify.Inotify.read_events
     write_all = appender.write_all  # type: ignore[attr-defined]
-    append_many = store.FileStore.append_many
+    append = store.FileStore.append
     signal, wait, fill = Inbox._signal, Inbox._wait, Inbox._fill
 
     def read_events_marked(self: inotify.Inotify, on_overflow: Any) -> None:
@@ -63,9 +63,9 @@ def instrument() -> None:
         mark("writing")
         write_all(fd, data, size, what)
 
-    async def append_many_marked(self: store.FileStore, name: str, lines: Any) -> int:
+    async def append_marked(self: store.FileStore, recipient: str, encoded: bytes) -> int:
         mark("appending")
-        return await append_many(self, name, lines)
+        return await append(self, recipient, encoded)
 
     def signal_marked(self: Inbox) -> None:
         mark("signal")
@@ -82,7 +82,7 @@ def instrument() -> None:
 
     inotify.Inotify.read_events = read_events_marked  # type: ignore[method-assign]
     appender.write_all = write_all_marked  # type: ignore[attr-defined]
-    store.FileStore.append_many = append_many_marked  # type: ignore[method-assign,assignment]
+    store.FileStore.append = append_marked  # type: ignore[method-assign]
     Inbox._signal = signal_marked  # type: ignore[method-assign]
     Inbox._wait = wait_marked  # type: ignore[method-assign]
     Inbox._fill = fill_marked  # type: ignore[method-assign,assignment]

@@ -393,7 +393,7 @@ class Envelope(BaseModel):
         return _new(
             builtins.type(self),
             {**self.__dict__, "deadline": deadline},
-            (*self.model_fields_set, "deadline"),
+            self.__pydantic_fields_set__ | _DEADLINE_SET,
         )
 
     # -- reading --
@@ -453,6 +453,11 @@ _UNSET: Final[dict[str, Any]] = {
 _MESSAGE_SET: Final = frozenset(("sender", "recipient", "body", "type", "trace_id"))
 _REQUEST_SET: Final = _MESSAGE_SET | {"ts", "deadline"}
 _RESPONSE_SET: Final = _MESSAGE_SET | {"in_reply_to"}
+_DEADLINE_SET: Final = frozenset(("deadline",))
+
+
+#: Bodies of these types are data (no model to dump): told without isinstance's ABC check.
+_DATA: Final = frozenset((dict, list, str, int, float, bool, type(None), tuple))
 
 
 def _names(sender: object, recipient: object) -> bool:
@@ -470,7 +475,7 @@ def _plain(body: Any, type_name: object, trace_id: object) -> bool:
     (which `_dump_body` and `_type_of` turn into data and a type name), the type and trace id
     are plain strings pydantic would keep as they are. Names are checked by `_names`."""
     return (
-        not isinstance(body, BaseModel)
+        (builtins.type(body) in _DATA or not isinstance(body, BaseModel))
         and builtins.type(type_name) is str
         and 0 < len(type_name) <= 64
         and (trace_id is None or builtins.type(trace_id) is str)

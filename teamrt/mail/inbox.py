@@ -142,11 +142,20 @@ class Inbox:
         # one future per waiting task (what an asyncio.Event keeps, without its 6 us of making
         # and waiting through anyio's wrapper on every wait); _signal() completes them all
         self._waiters: list[asyncio.Future[None]] = []
+        # the waiters with a deadline, and one timer for all of them at the earliest (a timer
+        # armed per wait and cancelled at every wake-up cost a request about 2 us on its path)
+        self._deadlines: dict[asyncio.Future[None], float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
         # signalled since the last read (by a notification, a send from this process, a rescan,
         # a release): with a reader that caught up, receive() reads only if this is set
         self._poked = False
         self._pending: dict[str, _Reply] = {}
         self._answered = _BoundedSet(_REMEMBERED_REQUESTS)
+        # responses handed to their request() and not acked yet, as (response id, request id):
+        # acked after the requester has its answer (`_settle`), off the round trip's path
+        self._routed: list[tuple[str, str]] = []
         self._timed_out = _BoundedSet(_REMEMBERED_REQUESTS)
         self._quarantined = self._duplicates = self._duplicate_responses = self._late = 0
         self._rejected = 0
@@ -224,6 +233,9 @@ class Inbox:
         self._released.clear()
         self._entries.clear()
         self._to_quarantine.clear()
+        for _, request_id in self._routed:  # answered; the new cursor decides what is acked
+            self._answered.add(request_id)
+        self._routed.clear()
 
     def receive_nowait(self) -> Envelope:
         """The next envelope, or raise `anyio.WouldBlock` if none is there yet."""
@@ -249,15 +261,25 @@ class Inbox:
 
     async def receive(self, timeout: float | None = None) -> Envelope:
         """Wait for the next envelope; raise `ReceiveTimeout` after `timeout` seconds."""
-        deadline = deadline_after(timeout)
-        while True:
-            if not self._closed and not self._lease_ok():
+        deadline = math.inf if timeout is None else deadline_after(timeout)
+        ready, one = self._ready, self._one
+        while True:  # the receive hot path: _lease_ok(), _unread() and _take() inlined
+            lease = self._lease
+            if (
+                (lease is None or lease.record.expired)
+                and not self._closed
+                and not self._lease_ok()  # raises LeaseLost if the lease expired
+            ):
                 await self._check_lease()
-            if self._unread():
-                try:
-                    return self._take()  # the lease was checked above
-                except WouldBlock:
-                    pass
+            if ready:
+                item = ready.popleft()
+                return item.to_envelope() if type(item) is EnvelopeFields else item  # type: ignore[return-value]
+            if self._closed:
+                raise MailboxClosed(f"{self.name}'s inbox is closed")
+            if self._entries or self._poked or not self._reading.caught_up:
+                self._fill(one, 1)
+                if one:
+                    return one.pop().to_envelope()
             if not await self._wait(deadline, read=True):
                 raise ReceiveTimeout(f"nothing arrived in {self.name}'s inbox within {timeout:g}s")
 
@@ -386,6 +408,8 @@ class Inbox:
 
     async def flush(self) -> None:
         """Wait until every ack so far is in the committed cursor."""
+        if self._routed:
+            self._settle()
         await self._commits.wait(self._commits.requested)
 
     def _mark(self, envelopes: tuple[Envelope | EnvelopeFields, ...]) -> bool:
@@ -404,6 +428,8 @@ class Inbox:
         return changed
 
     def statistics(self) -> InboxStatistics:
+        if self._routed:
+            self._settle()
         return InboxStatistics(
             self.name,
             len(self._ready) + len(self._entries),
@@ -419,6 +445,8 @@ class Inbox:
     # -- internals shared with Mailboxes --
 
     async def _commit(self) -> None:
+        if self._routed:
+            self._settle()
         reader = self._reading
         while self._to_quarantine:  # recorded before the cursor that passes them
             await reader.quarantine(self._to_quarantine[0])
@@ -470,6 +498,8 @@ class Inbox:
 
         `read=True`: the caller has just read to the end of the inbox, in this same step (no
         await since), so what came before the wait need not be looked for again."""
+        if self._routed:  # the wait runs while the other side works: off the round trip's path
+            self._settle()
         if not read and (self._entries or self._reading.has_new()):  # came before this wait
             return True
         loop = asyncio.get_running_loop()
@@ -479,22 +509,44 @@ class Inbox:
             try:
                 await waiter
             finally:
-                self._forget(waiter)
+                if self._waiters:  # not emptied by _signal
+                    self._forget(waiter)
             return True
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if deadline <= time.monotonic():
             self._forget(waiter)
             return False
-        # a timer on the event loop rather than a cancel scope (which costs about 7 us more per
-        # wait, once per request): at the deadline it wakes this waiter, which tells a wake-up
-        # in time from the deadline by the clock
-        timer = loop.call_later(remaining, _wake_waiter, waiter)
+        # the inbox's one timer wakes this waiter at its deadline (a cancel scope would cost
+        # about 7 us more per wait); the waiter tells a wake-up in time from it by the clock
+        deadlines = self._deadlines
+        deadlines[waiter] = deadline
+        if deadline < self._timer_at or self._timer_loop is not loop:
+            self._arm(loop, deadline)
         try:
             await waiter
         finally:
-            timer.cancel()
-            self._forget(waiter)
+            del deadlines[waiter]
+            if self._waiters:  # not emptied by _signal
+                self._forget(waiter)
         return time.monotonic() < deadline
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        """Set the inbox's timer to go off at `at` (monotonic)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at, self._timer_loop = at, loop
+        self._timer = loop.call_later(at - time.monotonic(), self._expire)
+
+    def _expire(self) -> None:
+        """The timer went off: wake the waiters whose deadline passed; set it for the next."""
+        self._timer, self._timer_at = None, math.inf
+        now, earliest = time.monotonic(), math.inf
+        for waiter, deadline in self._deadlines.items():
+            if deadline <= now:
+                _wake_waiter(waiter)
+            elif deadline < earliest:
+                earliest = deadline
+        if earliest < math.inf and self._timer_loop is not None:
+            self._arm(self._timer_loop, earliest)
 
     def _forget(self, waiter: asyncio.Future[None]) -> None:
         """Drop `waiter` if `_signal` did not (its deadline passed, or its task was cancelled)."""
@@ -572,22 +624,25 @@ class Inbox:
         """Hand a response to the request awaiting it; True if it is for `receive` instead."""
         request_id: str = response.in_reply_to  # type: ignore[assignment]  # checked on decode
         reply = self._pending.get(request_id)
-        if reply is not None and response.sender != reply.expected:
+        if reply is not None and response.sender == reply.expected:
+            del self._pending[request_id]
+            reply.response = response.to_envelope()  # type: ignore[assignment]
+            # acked by `_settle`, after the requester has its answer; the commit is asked for
+            # now, so the cursor passes it soon even if nothing waits on this inbox again
+            self._routed.append((response.id, request_id))
+            self._mailboxes._commit_soon(self)
+            if self._waiters:  # requesters waiting on this inbox check their replies
+                self._signal()
+            return False
+        if reply is not None:
             # not from the member that was asked: flagged and dropped; the real answer wins
             self._tracker.ack(response.id)
             self._rejected += 1
             self._commits.ticket()
             self._mailboxes._commit_soon(self)
             return False
-        if reply is not None:
-            del self._pending[request_id]
-            reply.response = response.to_envelope()  # type: ignore[assignment]
-            self._answered.add(request_id)
-            self._tracker.ack(response.id)  # handled by request(): commit in the background
-            self._commits.ticket()
-            self._mailboxes._commit_soon(self)
-            self._signal()  # requesters waiting on this inbox check their replies
-            return False
+        if self._routed:
+            self._settle()  # a second answer to a request just answered is seen as one
         if request_id in self._answered:
             self._tracker.ack(response.id)
             self._duplicate_responses += 1
@@ -596,10 +651,21 @@ class Inbox:
             self._late += 1
         return True
 
+    def _settle(self) -> None:
+        """Ack the responses handed to their requests (`_route`), and remember what they
+        answered: at the next wait, the next commit, or a response that is no request's."""
+        routed, self._routed = self._routed, []
+        ack, answered = self._tracker.ack, self._answered
+        for response_id, request_id in routed:
+            ack(response_id)
+            answered.add(request_id)
+        self._commits.ticket()
+
     def _pump(self) -> None:
         """Read everything there is, so that responses reach their requests; envelopes for
         `receive` wait in order in the ready queue."""
-        if not self._lease_ok():
+        lease = self._lease  # _lease_ok(), inlined: once per request's answer
+        if (lease is None or lease.record.expired) and not self._lease_ok():
             self._retake_lease()
         ready = self._ready
         queued = len(ready)

@@ -122,6 +122,7 @@ class Mailboxes:
         self._to_commit: set[Inbox] = set()
         self._commit_delay = commit_delay
         self._commit_wanted = anyio.Event()
+        self._commit_asked = False  # _commit_wanted is set (a plain flag: read on every ack)
 
     @property
     def team(self) -> str:
@@ -229,6 +230,19 @@ class Mailboxes:
     # -- sending --
 
     def _encode(self, envelope: Envelope) -> bytes:
+        """One envelope as `_encode_many` makes it; the usual one (nothing to fill in or check
+        beyond the encoding: no task's trace, no telemetry, no payload model, no team key) the
+        short way, once per send."""
+        if (
+            envelope.team is None
+            and self._signer is None
+            and (envelope.trace_id is not None or current_trace() is None)
+            and not telemetry.enabled()
+            and payload_model(envelope.type) is None
+        ):
+            encoded = encode(envelope, finite=True)
+            if len(encoded) <= self.store.max_envelope:
+                return encoded
         return self._encode_many((envelope,))[0]
 
     def _encode_many(self, envelopes: Iterable[Envelope]) -> list[bytes]:
@@ -264,7 +278,8 @@ class Mailboxes:
 
         When this returns the envelope is in the log at the configured durability.
         """
-        self._check_open()
+        if not self._open:
+            self._check_open()
         if telemetry.enabled():
             attributes = {
                 "messaging.system": "teamrt",
@@ -401,15 +416,16 @@ class Mailboxes:
         """
         if not isinstance(envelope, Request):
             raise UsageError(f"request() takes a request envelope, not a {envelope.kind}")
-        deadline_after(timeout)  # NaN, or too large for a float: UsageError
+        deadline = deadline_after(timeout)  # NaN, or too large for a float: UsageError
         if timeout is None and envelope.deadline is not None:
             timeout = max(0.0, envelope.deadline - time.time())
+            deadline = deadline_after(timeout)
         elif timeout is not None and envelope.deadline is None:
             envelope = envelope.with_deadline(envelope.ts + timeout)
         if not consume:
             response = await self._watch_for_response(envelope, timeout, require_live)
         else:
-            response = await self._request(envelope, timeout, require_live)
+            response = await self._request(envelope, timeout, deadline, require_live)
         if response.is_error:
             try:
                 body = ErrorBody.model_validate(response.body)
@@ -468,15 +484,16 @@ class Mailboxes:
         raise self._timed_out(envelope, timeout)
 
     async def _request(
-        self, envelope: Request, timeout: float | None, require_live: bool = True
+        self, envelope: Request, timeout: float | None, deadline: float, require_live: bool
     ) -> Response:
+        """Send `envelope` and wait for its answer until `deadline` (monotonic)."""
         inbox = self._inboxes.get(envelope.sender) or await self.open_inbox(envelope.sender)
         reply = _Reply(envelope.recipient)
         inbox._pending[envelope.id] = reply
-        deadline = deadline_after(timeout)
-        check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
         try:
             await self.send(envelope)
+            # after the send, while the member works on it (off the round trip's path)
+            check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
             # no read right after the send: _wait() returns at once if anything has come; but
             # another task's read (a drain, another request's) may have routed the answer here
             # already, and set no event for this wait to see
@@ -513,7 +530,8 @@ class Mailboxes:
 
     def _commit_soon(self, inbox: Inbox) -> None:
         self._to_commit.add(inbox)
-        if not self._commit_wanted.is_set():  # wake the committer once per batch, not per ack
+        if not self._commit_asked:  # wake the committer once per batch, not per ack
+            self._commit_asked = True
             self._commit_wanted.set()
 
     async def _committer(self) -> None:
@@ -526,7 +544,7 @@ class Mailboxes:
             await self._commit_wanted.wait()
             await anyio.sleep(self._commit_delay)  # let a burst of acks share one commit
             inboxes, self._to_commit = self._to_commit, set()
-            self._commit_wanted = anyio.Event()
+            self._commit_wanted, self._commit_asked = anyio.Event(), False
             for inbox in inboxes:
                 with contextlib.suppress(StoreError):
                     await inbox.flush()

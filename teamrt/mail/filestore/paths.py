@@ -18,6 +18,7 @@ from teamrt.mail.filestore.framing import LineSplitter
 from teamrt.mail.log import DEFAULT_MAX_LINE, Entry
 
 READ_CHUNK = 256 << 10  # small reads keep few decoded envelopes alive (GC cost)
+FIRST_READ = 64 << 10  # a reader's first read (below malloc's threshold for mapping a buffer)
 
 
 def same_file(a: Path, b: Path) -> bool:

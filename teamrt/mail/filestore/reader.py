@@ -34,7 +34,7 @@ from teamrt.mail.filestore.fileio import (
     write_all,
 )
 from teamrt.mail.filestore.framing import LineSplitter, decode_slots, encode_slot
-from teamrt.mail.filestore.paths import READ_CHUNK, InboxPaths
+from teamrt.mail.filestore.paths import FIRST_READ, READ_CHUNK, InboxPaths
 from teamrt.mail.log import Corrupt, Cursor, Entry
 from teamrt.mail.store import InboxReader
 
@@ -217,24 +217,32 @@ class FileReader(InboxReader):
 
     def _read(self) -> list[Entry]:
         self.caught_up = False
-        offset = self.decoder.offset
-        # the size alone, from a seek (a third of an fstat's cost; pread ignores the position)
-        size = os.lseek(self.fd, 0, os.SEEK_END)
-        if size > offset:
-            entries = self.decoder.feed(os.pread(self.fd, min(size - offset, READ_CHUNK), offset))
-            while not entries and self.decoder.offset < size:  # a record longer than one read
-                offset = self.decoder.offset
-                chunk = os.pread(self.fd, min(size - offset, READ_CHUNK), offset)
-                if not chunk:
-                    break
-                entries = self.decoder.feed(chunk)
+        decoder = self.decoder
+        # one read without asking the size first: a read that returns less than it asked for
+        # reached the end (the usual wake-up; a seek for the size would be one more system call
+        # each time). It asks for less than READ_CHUNK: malloc maps a buffer of 128 KiB or more
+        # afresh at every read (about 8 us)
+        chunk = os.pread(self.fd, FIRST_READ, decoder.offset)
+        if chunk:
+            entries = decoder.feed(chunk)
+            if len(chunk) < FIRST_READ:
+                size = decoder.offset
+            else:  # more may be there
+                size = os.lseek(self.fd, 0, os.SEEK_END)
+                while not entries and decoder.offset < size:  # a record longer than one read
+                    offset = decoder.offset
+                    chunk = os.pread(self.fd, min(size - offset, READ_CHUNK), offset)
+                    if not chunk:
+                        break
+                    entries = decoder.feed(chunk)
             # all there was, and the segment is not full (a full one may have been rotated)
-            self.caught_up = self.decoder.offset >= size < self.store.segment_bytes
+            self.caught_up = decoder.offset >= size < self.store.segment_bytes
             return entries
+        offset = decoder.offset
         st = os.fstat(self.fd)  # nothing new: truncated, deleted or rotated?
         size = st.st_size
         if size > offset:
-            return self._read()  # written since the seek
+            return self._read()  # written since that read
         if size < offset:
             raise self._corrupt(
                 self.paths.segment(self.segment)

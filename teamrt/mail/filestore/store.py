@@ -337,6 +337,19 @@ class FileStore(Store):
         return appender
 
     async def append(self, recipient: str, encoded: bytes) -> int:
+        appender = self._appenders.get(recipient) or self._appender(recipient)
+        if not appender.busy and self.durability == "none":
+            # the usual send, in one step: no other task of this process is appending here and
+            # no other process holds the lock (append_many's path, without its layers)
+            try:
+                fcntl.flock(appender.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # held by another process: append_many spins for it, or waits
+            else:
+                try:
+                    return appender.append_locked((encoded,))
+                finally:
+                    fcntl.flock(appender.lock_fd, fcntl.LOCK_UN)
         return await self.append_many(recipient, (encoded,))
 
     async def append_many(self, recipient: str, encoded: Sequence[bytes]) -> int:
