@@ -82,22 +82,25 @@ class Inotify:
             data = os.read(self.fd, 65536)
         except BlockingIOError:
             return
-        pos, end = 0, len(data)
+        pos, end, by_wd = 0, len(data), self._by_wd
         while pos < end:
             wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
-            name = data[pos + 16 : pos + 16 + length].rstrip(b"\0")
             pos += 16 + length
-            if mask & IN_Q_OVERFLOW:
-                on_overflow()
+            if mask & (IN_Q_OVERFLOW | IN_IGNORED):
+                if mask & IN_Q_OVERFLOW:
+                    on_overflow()
+                else:
+                    by_wd.pop(wd, None)
                 continue
-            target = self._by_wd.get(wd)
+            target = by_wd.get(wd)
             if target is None:
                 continue
-            if mask & IN_IGNORED:
-                del self._by_wd[wd]
-                continue
             label, on_event = target
-            on_event(os.fsdecode(name) if name else label)
+            if length:  # an event of a watched directory: the name of the file (NUL-padded)
+                name = data[pos - length : pos].rstrip(b"\0")
+                on_event(os.fsdecode(name) if name else label)
+            else:  # an event of a watched file (the usual wake-up)
+                on_event(label)
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from teamrt.envelopes import Envelope
-from teamrt.errors import DurabilityError, StoreCorrupt, StoreError, UnknownRecipient
+from teamrt.errors import DurabilityError, StoreCorrupt, UnknownRecipient
 from teamrt.mail.filestore.fileio import (
     O_READ,
     O_WRITE,
@@ -242,11 +242,13 @@ class Appender:
         try:
             if self.fd < 0:
                 self._reopen()
-            st = os.fstat(self.fd)
-            size = st.st_size
-            if st.st_nlink == 0 or (size >= store.segment_bytes and self._stale()):
-                self._reopen()  # deleted or replaced, or rotated by another process
-                size = os.fstat(self.fd).st_size
+            # the size from a seek, a third of an fstat's cost: whether the log lost its name
+            # (deleted, or replaced by a rename) is asked after the write, off the way to the
+            # reader that the write wakes
+            size = os.lseek(self.fd, 0, os.SEEK_END)
+            if size >= store.segment_bytes and self._stale():
+                self._reopen()  # rotated by another process
+                size = os.lseek(self.fd, 0, os.SEEK_END)
             if size != self.known_size:
                 size = self._recover(size)
             if size >= store.segment_bytes:
@@ -263,9 +265,19 @@ class Appender:
             line = stamp_many(encoded, first, team)
         try:
             write_all(self.fd, line, size, self.what)
-        except StoreError:
+            orphaned = os.fstat(self.fd).st_nlink == 0
+        except OSError as exc:  # a StoreError from write_all, or the fstat's
             self.known_size = -1
-            raise
+            raise translate(exc, self.what) from None
+        if orphaned:
+            # the log was deleted or replaced under this descriptor: the line went where no
+            # reader looks; it goes to the file now named as the log (none: StoreCorrupt)
+            self.known_size = -1
+            try:
+                self._reopen()
+            except OSError as exc:
+                raise translate(exc, self.what) from None
+            return self.append_locked(encoded)
         self.known_size = size + len(line)
         self.next_seq = first + len(encoded)
         return first
