@@ -93,6 +93,11 @@ def new_id() -> str:
     return _id_format % (time.time_ns() // 1000, next(_counter) & 0xFFFFFF)
 
 
+def _id_at(now: float) -> str:
+    """`new_id()` for an envelope stamped at `now` (`time.time()`): one clock read for both."""
+    return _id_format % (int(now * 1_000_000), next(_counter) & 0xFFFFFF)
+
+
 # --- payload registry -------------------------------------------------------------------------
 
 _payloads: dict[str, type[BaseModel]] = {}
@@ -251,17 +256,23 @@ class Envelope(BaseModel):
     ) -> Message:
         """A one-way envelope."""
         if _plain(body, type, trace_id) and _names(sender, recipient):
+            now = time.time()
             return _new(  # what _build would make: the fields checked here, by the same rules
                 Message,
-                {
-                    **_UNSET,
-                    "id": new_id(),
+                {  # every field, in the declared order
+                    "seq": None,
+                    "team": None,
+                    "v": FORMAT_VERSION,
+                    "id": _id_at(now),
                     "kind": "message",
                     "type": type,
                     "sender": sender,
                     "recipient": recipient,
+                    "in_reply_to": None,
                     "trace_id": trace_id,
-                    "ts": time.time(),
+                    "traceparent": None,
+                    "ts": now,
+                    "deadline": None,
                     "body": body,
                 },
                 _MESSAGE_SET,
@@ -296,13 +307,17 @@ class Envelope(BaseModel):
             return _new(
                 Request,
                 {
-                    **_UNSET,
-                    "id": new_id(),
+                    "seq": None,
+                    "team": None,
+                    "v": FORMAT_VERSION,
+                    "id": _id_at(now),
                     "kind": "request",
                     "type": type,
                     "sender": sender,
                     "recipient": recipient,
+                    "in_reply_to": None,
                     "trace_id": trace_id,
+                    "traceparent": None,
                     "ts": now,
                     "deadline": deadline,
                     "body": body,
@@ -333,18 +348,23 @@ class Envelope(BaseModel):
             and builtins.type(asked) is str
             and 0 < len(asked) <= 64
         ):
+            now = time.time()
             return _new(
                 Response,
                 {
-                    **_UNSET,
-                    "id": new_id(),
+                    "seq": None,
+                    "team": None,
+                    "v": FORMAT_VERSION,
+                    "id": _id_at(now),
                     "kind": "response",
                     "type": type,
                     "sender": sender,
                     "recipient": recipient,
                     "in_reply_to": asked,
                     "trace_id": trace_id,
-                    "ts": time.time(),
+                    "traceparent": None,
+                    "ts": now,
+                    "deadline": None,
                     "body": body,
                 },
                 _RESPONSE_SET,
@@ -443,13 +463,9 @@ class Broadcast(Envelope):
 
 # --- direct construction: the constructors' hot path ------------------------------------------
 
-#: Every field at its default, in the declared order (the order of a model's `__dict__`, which
-#: the encoder writes); a constructor overrides what it sets.
-_UNSET: Final[dict[str, Any]] = {
-    name: None if info.default_factory is not None else info.default
-    for name, info in Envelope.model_fields.items()
-}
-# the fields each constructor passes to the model (its `model_fields_set`)
+# A constructor's values list every field in the declared order (the order of a model's
+# `__dict__`, which the encoder writes). The fields each constructor passes to the model (its
+# `model_fields_set`):
 _MESSAGE_SET: Final = frozenset(("sender", "recipient", "body", "type", "trace_id"))
 _REQUEST_SET: Final = _MESSAGE_SET | {"ts", "deadline"}
 _RESPONSE_SET: Final = _MESSAGE_SET | {"in_reply_to"}
