@@ -389,6 +389,8 @@ class Inbox:
         """
         if self._closed:
             raise MailboxClosed(f"{self.name}'s inbox is closed")
+        if self._routed:  # answers handed to their request() are handled: not releasable
+            self._settle()
         waiting = {item.id for item in self._ready} if self._released else set()
         for envelope in envelopes:
             if not self._tracker.is_outstanding(envelope.id):
@@ -646,6 +648,8 @@ class Inbox:
         if request_id in self._answered:
             self._tracker.ack(response.id)
             self._duplicate_responses += 1
+            self._commits.ticket()  # committed soon: the next process must not receive it
+            self._mailboxes._commit_soon(self)
             return False
         if request_id in self._timed_out:
             self._late += 1
@@ -664,6 +668,8 @@ class Inbox:
     def _pump(self) -> None:
         """Read everything there is, so that responses reach their requests; envelopes for
         `receive` wait in order in the ready queue."""
+        if self._closed:  # (its lease is released: not to be taken again)
+            raise MailboxClosed(f"{self.name}'s inbox is closed")
         lease = self._lease  # _lease_ok(), inlined: once per request's answer
         if (lease is None or lease.record.expired) and not self._lease_ok():
             self._retake_lease()
@@ -676,6 +682,9 @@ class Inbox:
     async def _close(self) -> None:
         self._closed = True
         self._pending.clear()
+        if self._timer is not None:  # it would keep the inbox alive until it goes off
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
         if self._reader is not None:
             self._reader.close()
         if self._lease is not None:

@@ -417,6 +417,8 @@ class Mailboxes:
         if not isinstance(envelope, Request):
             raise UsageError(f"request() takes a request envelope, not a {envelope.kind}")
         deadline = deadline_after(timeout)  # NaN, or too large for a float: UsageError
+        if timeout == math.inf:
+            timeout = None  # no deadline to stamp: wait as for None
         if timeout is None and envelope.deadline is not None:
             timeout = max(0.0, envelope.deadline - time.time())
             deadline = deadline_after(timeout)
@@ -505,6 +507,8 @@ class Mailboxes:
                     try:
                         await self._check_alive(envelope)
                     except TeammateGone:
+                        if reply.response is not None:  # it answered, then stopped
+                            break
                         inbox._timed_out.add(envelope.id)  # a late answer is counted as late
                         raise
                     check_at = time.monotonic() + _LIVENESS_EVERY
