@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import shutil
 from pathlib import Path
 
@@ -55,6 +56,40 @@ async def test_waiters_with_deadlines_in_any_order_each_time_out_at_their_own(
         for timeout, took in ended.items():
             assert took >= timeout - 0.005  # asyncio's timers may fire a clock tick early
         assert not inbox._deadlines  # nothing left behind
+
+
+async def test_many_waiters_with_shuffled_deadlines_go_by_the_inbox_heap(tmp_path: Path) -> None:
+    """500 receivers, deadlines shuffled over 0.2 s: each wakes at (not before) its own, and the
+    timer goes off once per deadline that comes, not once per waiter per waiter."""
+    async with FileMailboxes(tmp_path / "t", members=MEMBERS) as mail:
+        inbox = mail.inbox("worker")
+        loop = asyncio.get_running_loop()
+        timeouts = [0.05 + i * 0.0003 for i in range(500)]
+        random.Random(5).shuffle(timeouts)
+        early: list[float] = []
+        fired = 0
+        expire = inbox._expire
+
+        def counted() -> None:
+            nonlocal fired
+            fired += 1
+            expire()
+
+        inbox._expire = counted  # type: ignore[method-assign]
+
+        async def wait(timeout: float) -> None:
+            deadline = loop.time() + timeout
+            with pytest.raises(ReceiveTimeout):
+                await inbox.receive(timeout)
+            if loop.time() < deadline - 0.005:
+                early.append(timeout)
+
+        async with anyio.create_task_group() as tg:
+            for timeout in timeouts:
+                tg.start_soon(wait, timeout)
+        assert early == []
+        assert not inbox._deadlines and len(inbox._heap) <= 16
+        assert fired <= len(timeouts) + 10  # at most about once per deadline
 
 
 async def test_a_woken_waiter_leaves_the_timer_to_the_others(tmp_path: Path) -> None:

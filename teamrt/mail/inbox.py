@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import math
 import os
@@ -145,6 +147,10 @@ class Inbox:
         # the waiters with a deadline, and one timer for all of them at the earliest (a timer
         # armed per wait and cancelled at every wake-up cost a request about 2 us on its path)
         self._deadlines: dict[asyncio.Future[None], float] = {}
+        # their deadlines, earliest first, with entries of waiters gone since (dropped when
+        # they come first, or all at once when they are most of it)
+        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._heap_order = itertools.count()  # ties: never compare two futures
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._timer_loop: asyncio.AbstractEventLoop | None = None
@@ -519,8 +525,12 @@ class Inbox:
             return False
         # the inbox's one timer wakes this waiter at its deadline (a cancel scope would cost
         # about 7 us more per wait); the waiter tells a wake-up in time from it by the clock
-        deadlines = self._deadlines
+        deadlines, heap = self._deadlines, self._heap
         deadlines[waiter] = deadline
+        if len(heap) > 2 * len(deadlines) + 16:  # mostly waiters gone: keep those still here
+            heap[:] = [entry for entry in heap if entry[2] in deadlines]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline, next(self._heap_order), waiter))
         if deadline < self._timer_at or self._timer_loop is not loop:
             self._arm(loop, deadline)
         try:
@@ -541,14 +551,16 @@ class Inbox:
     def _expire(self) -> None:
         """The timer went off: wake the waiters whose deadline passed; set it for the next."""
         self._timer, self._timer_at = None, math.inf
-        now, earliest = time.monotonic(), math.inf
-        for waiter, deadline in self._deadlines.items():
-            if deadline <= now:
+        heap, deadlines, now = self._heap, self._deadlines, time.monotonic()
+        while heap:
+            deadline, _, waiter = heap[0]
+            if waiter in deadlines and deadline > now:
+                break
+            heapq.heappop(heap)
+            if waiter in deadlines:  # (one gone has no deadline to keep)
                 _wake_waiter(waiter)
-            elif deadline < earliest:
-                earliest = deadline
-        if earliest < math.inf and self._timer_loop is not None:
-            self._arm(self._timer_loop, earliest)
+        if heap and self._timer_loop is not None:
+            self._arm(self._timer_loop, heap[0][0])
 
     def _forget(self, waiter: asyncio.Future[None]) -> None:
         """Drop `waiter` if `_signal` did not (its deadline passed, or its task was cancelled)."""
@@ -685,6 +697,7 @@ class Inbox:
         if self._timer is not None:  # it would keep the inbox alive until it goes off
             self._timer.cancel()
             self._timer, self._timer_at = None, math.inf
+        self._heap.clear()
         if self._reader is not None:
             self._reader.close()
         if self._lease is not None:
