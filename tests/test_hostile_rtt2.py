@@ -476,6 +476,78 @@ async def test_many_requests_answered_in_random_order_each_get_their_own(
         assert_quiet(lead)
 
 
+@pytest.mark.parametrize("routed", [True, False], ids=["routed-by-another-read", "in-the-log"])
+async def test_an_answer_that_comes_while_the_request_is_being_sent(
+    backing: Backing, routed: bool
+) -> None:
+    """The answer comes before request() starts waiting: while its send is still returning,
+    the worker answers, and another task's read routes the answer (no wake-up is left for
+    the requester to see) or it just lies in the log. The request returns it, without
+    waiting for its deadline."""
+    async with backing.open() as mail:
+        lead = await mail.open_inbox("lead")
+        worker = await mail.open_inbox("worker")
+        real_send = mail.send
+
+        async def send_then_answer(envelope: Envelope) -> None:
+            await real_send(envelope)
+            if isinstance(envelope, Request):
+                requests: list[Any] = []
+                with anyio.fail_after(10):
+                    while not requests:
+                        requests = worker.drain_nowait()
+                        await anyio.sleep(0.001)
+                await real_send(Envelope.response(requests[0].to_envelope(), "early"))
+                if routed:
+                    with anyio.fail_after(10):
+                        while lead._pending:
+                            assert lead.drain_nowait() == []  # routes it
+                            await anyio.sleep(0.001)
+
+        mail.send = send_then_answer  # type: ignore[method-assign]
+        with anyio.fail_after(10):  # far less than its deadline: it does not wait that out
+            response = await mail.request(
+                Envelope.request("lead", "worker", "q"), timeout=600, require_live=False
+            )
+        assert response.body == "early"
+        with pytest.raises(ReceiveTimeout):
+            await lead.receive(timeout=0.05)
+
+
+async def test_a_request_to_oneself_shares_the_inbox_with_its_own_receiver(
+    backing: Backing,
+) -> None:
+    """The lead asks itself: a receiver on the lead's inbox gets the request (with its own
+    short deadlines expiring meanwhile) and answers; the answer goes to request(), not to
+    the receiver."""
+    async with backing.open() as mail:
+        lead = await mail.open_inbox("lead")
+        seen: list[Envelope] = []
+
+        async def receiver() -> None:
+            while True:
+                try:
+                    envelope = await lead.receive(timeout=0.003)
+                except ReceiveTimeout:
+                    continue
+                seen.append(envelope)
+                await lead.ack(envelope)
+                if isinstance(envelope, Request):
+                    await mail.send(Envelope.response(envelope, ("echo", envelope.body)))
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receiver)
+                for i in range(5):
+                    response = await mail.request(
+                        Envelope.request("lead", "lead", i), timeout=10, require_live=False
+                    )
+                    assert response.body == ["echo", i]
+                tg.cancel_scope.cancel()
+        assert [e.kind for e in seen] == ["request"] * 5
+        assert_quiet(lead)
+
+
 # --- routed answers and their acks -----------------------------------------------------------
 
 
