@@ -1127,6 +1127,29 @@ async def test_a_log_truncated_or_deleted_after_a_short_read_is_reported_not_ski
             await mail.send(Envelope.message("lead", "worker", "y"))
 
 
+@pytest.mark.parametrize("size", [100, FIRST_READ + 1, READ_CHUNK + FIRST_READ])
+async def test_a_watched_request_gets_an_answer_longer_than_the_first_read(
+    backing: Backing, size: int
+) -> None:
+    """request(consume=False) reads the sender's inbox from its end without owning it; the
+    answer is longer than the reader's first read (or not): it comes whole."""
+    async with backing.open(commit_delay=0.001) as mail:
+        worker = await mail.open_inbox("worker")
+        request = Envelope.request("lead", "worker", "q")
+
+        async def answer() -> None:
+            asked = await worker.receive(timeout=10)
+            await mail.send(Envelope.response(asked, "r" * size))
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(answer)
+                response = await mail.request(
+                    request, timeout=15, consume=False, require_live=False
+                )
+        assert response.body == "r" * size and response.in_reply_to == request.id
+
+
 # --- the file store's one-step append -----------------------------------------------------------
 
 
@@ -1185,6 +1208,11 @@ async def test_one_step_appends_racing_the_lock_held_elsewhere(
         async def sender(k: int) -> None:
             for i in range(each):
                 envelope = Envelope.message("lead", "worker", f"{k}-{i}")
+                if k == 0 and i % 2:  # a batch of three between the single sends
+                    batch = [envelope, *(Envelope.message("lead", "worker", n) for n in "ab")]
+                    await mail.send_many(batch)
+                    acknowledged.extend(e.id for e in batch)
+                    continue
                 await mail.send(envelope)
                 acknowledged.append(envelope.id)
                 if i % 3 == k % 3:
@@ -1213,7 +1241,7 @@ async def test_one_step_appends_racing_the_lock_held_elsewhere(
                 finally:
                     assert await proc.wait() == 0
         assert _lock_free(store, "worker")
-        assert len(acknowledged) == 1 + tasks * each
+        assert len(acknowledged) == 1 + tasks * each + 2 * (each // 2)
         _assert_dense(_log_lines(store, "worker"), acknowledged)
         worker = await mail.open_inbox("worker")
         got = [e.id for e in worker.drain_nowait(max=1000)]
