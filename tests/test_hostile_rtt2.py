@@ -1100,6 +1100,39 @@ async def test_a_backlog_of_small_lines_across_rotations_read_every_way(tmp_path
         _assert_dense(_log_lines(mail.store, "worker"))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("delta", [-1, 0, 1])
+@pytest.mark.parametrize("live", [False, True], ids=["backlog", "live"])
+async def test_segments_of_about_one_first_read(tmp_path: Path, delta: int, live: bool) -> None:
+    """The segment size is FIRST_READ (one byte less or more), and the lines fill segments to
+    exactly that size: the reader's full first read ends at a segment's end, the rotated
+    segment is left and the next one read; every line arrives once, in order, and no read
+    claims to have caught up early."""
+    segment = FIRST_READ + delta
+    async with _file_mail(tmp_path, store={"segment_bytes": segment}) as mail:
+        store: FileStore = mail.store  # type: ignore[assignment]
+        worker = await mail.open_inbox("worker")
+        violations: list[str] = []
+        _audit_reads(worker._reading, violations)  # type: ignore[arg-type]
+        exact = [FIRST_READ // 4] * 3 + [FIRST_READ - 3 * (FIRST_READ // 4)]  # 64 KiB in all
+        sizes = [*exact, FIRST_READ, 300, FIRST_READ - 300, FIRST_READ + 1, 500, *exact]
+        plan = [_sized(seq, size)[0] for seq, size in enumerate(sizes)]
+        got: list[Envelope] = []
+        with anyio.fail_after(30):
+            for envelope in plan:
+                if live:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(mail.send, envelope)
+                        got.append(await worker.receive(timeout=10))
+                else:
+                    await mail.send(envelope)
+            while len(got) < len(plan):
+                got.append(await worker.receive(timeout=10))
+        assert [e.id for e in got] == [e.id for e in plan]
+        assert violations == []
+        assert len(store.inbox_paths("worker").segments()) >= 3
+        _assert_dense(_log_lines(store, "worker"), [e.id for e in plan])
+
+
 async def test_a_log_truncated_or_deleted_after_a_short_read_is_reported_not_skipped(
     tmp_path: Path,
 ) -> None:
