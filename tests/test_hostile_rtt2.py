@@ -9,6 +9,13 @@ logically (a timeout is never raised before its deadline, measured on the clock 
 computed with); "not long after" is asserted by order (an early deadline is reached while later
 waiters still wait), never by a wall-clock bound. Where the claim is about processes, a real one
 runs (this file is also the child: `python test_hostile_rtt2.py MODE ...`).
+
+Bugs this pass found, each fixed after its test: `release()` took an answer `request()` had
+returned (its ack was still pending); a closed inbox's deadline timer kept the mailboxes alive
+until it went off; a second answer read after the last commit was never committed (the next
+process received it); a request waiting when its mailboxes closed took the member's lease again;
+an answer that came during the liveness check was dropped with `TeammateGone`;
+`request(timeout=math.inf)` stamped an infinite deadline (`InvalidEnvelope`).
 """
 
 from __future__ import annotations
@@ -291,12 +298,6 @@ async def test_an_inbox_closed_while_its_timer_is_armed(local_backing: Backing) 
     assert errors == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (older than 013cfd4): a request waiting when its mailboxes close: _pump on the "
-    "closed inbox takes the member's lease again (never released), then reads the closed "
-    "reader: StoreError EBADF on a file store, its whole timeout on a memory store",
-)
 async def test_a_request_waiting_when_its_mailboxes_close_gets_mailbox_closed(
     local_backing: Backing,
 ) -> None:
@@ -320,12 +321,6 @@ async def test_a_request_waiting_when_its_mailboxes_close_gets_mailbox_closed(
     assert lead._lease is None  # not taken again by the closed inbox
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (013cfd4): Inbox._close leaves the inbox's deadline timer armed: the event "
-    "loop keeps the closed inbox, its Mailboxes and store alive until the last deadline "
-    "(an hour for receive(timeout=3600)); before, each wait cancelled its own timer",
-)
 async def test_closed_mailboxes_are_not_kept_alive_by_a_far_deadline(
     local_backing: Backing,
 ) -> None:
@@ -345,12 +340,6 @@ async def test_closed_mailboxes_are_not_kept_alive_by_a_far_deadline(
     assert [ref() for ref in refs] == [None, None]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (older than 013cfd4): request(timeout=math.inf) stamps an infinite deadline "
-    "on the envelope and fails with InvalidEnvelope, where receive(timeout=inf) waits "
-    "forever; an infinite timeout should send no deadline, as None does",
-)
 async def test_an_infinite_request_timeout_waits_like_none(local_backing: Backing) -> None:
     async with local_backing.open() as mail:
         await mail.open_inbox("lead")
@@ -734,12 +723,6 @@ async def test_an_answer_routed_while_a_commit_is_in_flight_is_committed_after_i
                 await lead.receive(timeout=0.1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (013cfd4): a routed answer stays outstanding in the ack tracker until _settle, "
-    "so release() accepts the answer request() returned and receive() hands it out again "
-    "(before 013cfd4 it was acked at routing and release() refused it)",
-)
 async def test_the_answer_a_request_returned_cannot_be_released_to_receive(
     backing: Backing,
 ) -> None:
@@ -754,12 +737,6 @@ async def test_the_answer_a_request_returned_cannot_be_released_to_receive(
             await lead.receive(timeout=0.05)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (older than 013cfd4): an answer routed while _request awaits the liveness "
-    "check is dropped when the check then raises TeammateGone (the answer is acked as "
-    "answered: neither the caller nor receive() ever sees it)",
-)
 async def test_an_answer_that_arrives_during_the_liveness_check_is_not_lost(
     local_backing: Backing, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -815,13 +792,6 @@ async def test_a_restart_from_the_cursor_with_answers_pending_their_ack(
             # (that its ack is committed: test_a_second_answer_read_after_the_last_commit...)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (older than 013cfd4): Inbox._route acks a duplicate response (a second answer "
-    "to an answered request) without a commit ticket or _commit_soon: when nothing else is "
-    "committed after it, flush() and a clean exit leave it unacked, and the next process "
-    "hands it to receive() as an unsolicited response",
-)
 async def test_a_second_answer_read_after_the_last_commit_is_committed_before_exit(
     backing: Backing,
 ) -> None:
