@@ -45,28 +45,31 @@ _REMEMBERED_REQUESTS = 4096
 log = logging.getLogger("teamrt.mail")
 
 
-class _BoundedSet:
-    """Remembers the most recent `size` keys."""
+class _Recent:
+    """Remembers the most recent `size` keys, each with a value (None if not given)."""
 
-    __slots__ = ("_keys", "_order", "_size")
+    __slots__ = ("_items", "_order", "_size")
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._keys: set[str] = set()
+        self._items: dict[str, str | None] = {}
         self._order: deque[str] = deque()  # oldest first
 
-    def add(self, key: str) -> None:
-        keys = self._keys
-        if key in keys:
+    def add(self, key: str, value: str | None = None) -> None:
+        items = self._items
+        if key in items:
             return
-        keys.add(key)
+        items[key] = value
         order = self._order
         order.append(key)
         if len(order) > self._size:
-            keys.discard(order.popleft())
+            del items[order.popleft()]
 
     def __contains__(self, key: object) -> bool:
-        return key in self._keys
+        return key in self._items
+
+    def get(self, key: str) -> str | None:
+        return self._items.get(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +161,11 @@ class Inbox:
         # a release): with a reader that caught up, receive() reads only if this is set
         self._poked = False
         self._pending: dict[str, _Reply] = {}
-        self._answered = _BoundedSet(_REMEMBERED_REQUESTS)
+        self._answered = _Recent(_REMEMBERED_REQUESTS)
         # responses handed to their request() and not acked yet, as (response id, request id):
         # acked after the requester has its answer (`_settle`), off the round trip's path
         self._routed: list[tuple[str, str]] = []
-        self._timed_out = _BoundedSet(_REMEMBERED_REQUESTS)
+        self._timed_out = _Recent(_REMEMBERED_REQUESTS)  # id: the member asked
         self._quarantined = self._duplicates = self._duplicate_responses = self._late = 0
         self._rejected = 0
         self._closed = False
@@ -648,12 +651,8 @@ class Inbox:
             if self._waiters:  # requesters waiting on this inbox check their replies
                 self._signal()
             return False
-        if reply is not None:
-            # not from the member that was asked: flagged and dropped; the real answer wins
-            self._tracker.ack(response.id)
-            self._rejected += 1
-            self._commits.ticket()
-            self._mailboxes._commit_soon(self)
+        if reply is not None:  # not from the member that was asked: the real answer wins
+            self._reject(response)
             return False
         if self._routed:
             self._settle()  # a second answer to a request just answered is seen as one
@@ -664,8 +663,18 @@ class Inbox:
             self._mailboxes._commit_soon(self)
             return False
         if request_id in self._timed_out:
+            if response.sender != self._timed_out.get(request_id):  # not from the member asked
+                self._reject(response)
+                return False
             self._late += 1
         return True
+
+    def _reject(self, response: EnvelopeFields) -> None:
+        """An answer from a member that was not asked: flagged, dropped, and committed soon."""
+        self._tracker.ack(response.id)
+        self._rejected += 1
+        self._commits.ticket()
+        self._mailboxes._commit_soon(self)
 
     def _settle(self) -> None:
         """Ack the responses handed to their requests (`_route`), and remember what they

@@ -509,7 +509,8 @@ class Mailboxes:
                     except TeammateGone:
                         if reply.response is not None:  # it answered, then stopped
                             break
-                        inbox._timed_out.add(envelope.id)  # a late answer is counted as late
+                        # a late answer (from the member asked) is counted as late
+                        inbox._timed_out.add(envelope.id, envelope.recipient)
                         raise
                     check_at = time.monotonic() + _LIVENESS_EVERY
                 inbox._pump()
@@ -520,7 +521,7 @@ class Mailboxes:
             inbox._pending.pop(envelope.id, None)
         response = reply.response
         if response is None:
-            inbox._timed_out.add(envelope.id)
+            inbox._timed_out.add(envelope.id, envelope.recipient)
             raise self._timed_out(envelope, timeout)
         return response
 
