@@ -525,7 +525,7 @@ def decode_fields(line: bytes) -> EnvelopeFields | str:
     Accepts and refuses exactly the lines `decode_line` does, with the same reason strings;
     `.to_envelope()` on the result equals `decode_line(line)`.
     """
-    if shallow(line):
+    if len(line) < _SHALLOW_BELOW or shallow(line):  # (the length alone decides most lines)
         decoded = _typed(line)
         if decoded is not None:
             return decoded

@@ -587,7 +587,9 @@ class Inbox:
         model is built by whoever wants one). This is the receive hot path: it avoids
         intermediate objects for good records and keeps what it uses in locals.
         """
-        entries, reader = self._entries, self._reading
+        entries, reader = self._entries, self._reader
+        if reader is None:
+            raise MailboxClosed(f"{self.name}'s inbox is closed")
         deliver, append = self._tracker.deliver, out.append
         team, name, signer = self._team, self.name, self._signer
         read = False

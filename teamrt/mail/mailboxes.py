@@ -414,7 +414,7 @@ class Mailboxes:
         answer still reaches the sender's inbox) and `RemoteError` when the callee answers
         with an error response.
         """
-        if not isinstance(envelope, Request):
+        if type(envelope) is not Request and not isinstance(envelope, Request):  # exact: no ABC
             raise UsageError(f"request() takes a request envelope, not a {envelope.kind}")
         deadline = deadline_after(timeout)  # NaN, or too large for a float: UsageError
         if timeout == math.inf:
