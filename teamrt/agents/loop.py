@@ -624,12 +624,14 @@ class Agent:
     async def _compact_in_time(self, state: AgentState) -> bool:
         """`_compact` under the same rules as a model call (a summariser is a model): the
         deadlines and `model_timeout` stop it, and its failure is a `model_error` stop."""
+        if not self.memory.over_budget(state.context_tokens):
+            return False  # the common case: nothing to summarise, so nothing to time
         left, passed = self._time_left()
         per_call = self.limits.model_timeout
         bound = min(left, per_call if per_call is not None else math.inf)
         started = self.clock()
         try:
-            with anyio.move_on_after(bound):
+            with _within(bound):
                 return await self._compact(state)
             if per_call is not None and per_call < left:
                 raise LimitExceeded(
@@ -726,7 +728,7 @@ class Agent:
             per_call = rest if per_call is None else min(per_call, rest)
         started = self.clock()
         try:
-            with anyio.move_on_after(min(left, per_call if per_call is not None else math.inf)):
+            with _within(min(left, per_call if per_call is not None else math.inf)):
                 reply = await self._complete(state, specs, output)
                 state.attempts += reply.attempts
                 state.rate_limited += reply.rate_limited
@@ -1048,14 +1050,11 @@ class Agent:
             else:
                 groups[-1].append(call)
         left, passed = self._time_left()
+        if left == math.inf:  # no deadline to stop them at: no cancel scope either
+            await self._run_groups(state, groups, work)
+            return
         with anyio.move_on_after(left) as scope:
-            for group in groups:
-                if len(group) == 1:
-                    await self._run_one(state, group[0], work)
-                    continue
-                async with anyio.create_task_group() as tg:
-                    for call in group:
-                        tg.start_soon(self._run_one, state, call, work)
+            await self._run_groups(state, groups, work)
         if scope.cancelled_caught:
             unfinished = [call for call in calls if call.id not in work.results]
             names = ", ".join(dict.fromkeys(call.name for call in unfinished)) or "tools"
@@ -1065,7 +1064,22 @@ class Agent:
                 self._record(work, call, message)
             self._stop_at_limit(state, passed(f"while {names} ran"))
 
-    async def _run_one(self, state: AgentState, call: ToolCall, work: _StepWork) -> None:
+    async def _run_groups(
+        self, state: AgentState, groups: list[list[ToolCall]], work: _StepWork
+    ) -> None:
+        """Each group in turn: a group of one call runs here, the calls of a larger one side
+        by side (at most `max_parallel_tools` at a time)."""
+        for group in groups:
+            if len(group) == 1:
+                await self._run_one(state, group[0], work, alone=True)
+                continue
+            async with anyio.create_task_group() as tg:
+                for call in group:
+                    tg.start_soon(self._run_one, state, call, work)
+
+    async def _run_one(
+        self, state: AgentState, call: ToolCall, work: _StepWork, alone: bool = False
+    ) -> None:
         found = self.toolbox.get(call.name)
         waits = found is not None and found.waits
         keyed = call
@@ -1084,31 +1098,43 @@ class Agent:
                 "gen_ai.tool.call.id": call.id,
             }
             with telemetry.span(f"execute_tool {call.name}", attributes) as span:
-                result = await self._run_call(state, call, keyed, waits)
+                result = await self._run_call(state, keyed, waits, alone)
                 telemetry.annotate(span, teamrt__tool__ok=result.ok)
         else:
-            result = await self._run_call(state, call, keyed, waits)
+            result = await self._run_call(state, keyed, waits, alone)
         self._record(work, call, ChatMessage.tool_result(call, result.content))
         if listening:
             await self._emit(ToolCallFinished(call.id, call.name, result.content, result.ok))
 
     async def _run_call(
-        self, state: AgentState, call: ToolCall, keyed: ToolCall, waits: bool
+        self, state: AgentState, keyed: ToolCall, waits: bool, alone: bool
     ) -> ToolResult:
+        """Run one call: `alone` (no other call of the reply runs beside it) it is within
+        `max_parallel_tools` as it is, and only the limiter's checkpoints are kept (a
+        cancellation already pending lands here, then other tasks run, shielded: a call
+        announced to listeners as started does start); otherwise it takes the limiter."""
+        if alone:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+            return await self._run_tool(state, keyed, waits)
         async with self._parallel:
-            started = self.clock()
-            if waits and self.limits.max_idle is not None:  # the idle limit bounds each wait
-                result: ToolResult | None = None
-                with anyio.move_on_after(max(0.0, self.limits.max_idle - state.idle)):
-                    result = await self.toolbox.run(keyed)
-                if result is None:
-                    result = ToolResult(
-                        json.dumps({"nothing_arrived": "stopped waiting: the idle limit"}), True
-                    )
-            else:
+            return await self._run_tool(state, keyed, waits)
+
+    async def _run_tool(self, state: AgentState, keyed: ToolCall, waits: bool) -> ToolResult:
+        if not waits:
+            return await self.toolbox.run(keyed)
+        started = self.clock()
+        if self.limits.max_idle is not None:  # the idle limit bounds each wait
+            result: ToolResult | None = None
+            with anyio.move_on_after(max(0.0, self.limits.max_idle - state.idle)):
                 result = await self.toolbox.run(keyed)
-            if waits:
-                state.idle += self.clock() - started
+            if result is None:
+                result = ToolResult(
+                    json.dumps({"nothing_arrived": "stopped waiting: the idle limit"}), True
+                )
+        else:
+            result = await self.toolbox.run(keyed)
+        state.idle += self.clock() - started
         return result
 
     def _record(self, work: _StepWork, call: ToolCall, message: ChatMessage) -> None:
@@ -1186,6 +1212,16 @@ def _rejected_answer(state: AgentState) -> str | None:
                     return call.arguments
             return message.content
     return None
+
+
+_UNBOUNDED = contextlib.nullcontext()
+
+
+def _within(seconds: float) -> contextlib.AbstractContextManager[Any]:
+    """A cancel scope that ends its block after `seconds`, or none at all when there is no
+    bound: a scope without a deadline would only cost its enter and exit (an outer
+    cancellation reaches the block the same either way), and most steps have none."""
+    return anyio.move_on_after(seconds) if seconds < math.inf else _UNBOUNDED
 
 
 def _is_sequential(toolbox: Toolbox, call: ToolCall) -> bool:
