@@ -23,6 +23,7 @@ The driver never raises for the model's or the tools' misbehaviour: that is data
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -120,26 +121,36 @@ class Truncated:
 def decide(reply: ModelReply) -> Answer | CallTools | Malformed | Truncated:
     """What a model reply means. Tool calls win over text (the text is a note to itself); text
     cut off by the length limit is not an answer."""
-    if reply.tool_calls:
-        for call in reply.tool_calls:
+    return _decide(reply.text, reply.tool_calls, reply.finish_reason)
+
+
+def _decide(
+    text: str | None, tool_calls: tuple[ToolCall, ...], finish_reason: str | None
+) -> Answer | CallTools | Malformed | Truncated:
+    """`decide` on a reply's parts (a recorded step has them as a message, not a reply)."""
+    if tool_calls:
+        for call in tool_calls:
             try:
                 arguments = json.loads(call.arguments or "{}")
             except ValueError as exc:
                 return Malformed(f"the arguments of {call.name} are not valid JSON ({exc})")
             if not isinstance(arguments, dict):
                 return Malformed(f"the arguments of {call.name} are not a JSON object")
-        return CallTools(reply.tool_calls)
-    if reply.finish_reason == "length":
-        return Truncated(reply.text or "")
-    if reply.text and reply.text.strip():
-        return Answer(reply.text)
+        return CallTools(tool_calls)
+    if finish_reason == "length":
+        return Truncated(text or "")
+    if text and text.strip():
+        return Answer(text)
     return Malformed("it had neither text nor a tool call")
+
+
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True)  # json.dumps(value, sort_keys=True)
 
 
 def signature(call: ToolCall) -> str:
     """A tool call's identity for loop detection: name and canonical arguments."""
     try:
-        canonical = json.dumps(json.loads(call.arguments or "{}"), sort_keys=True)
+        canonical = _CANONICAL_JSON.encode(json.loads(call.arguments or "{}"))
     except ValueError:
         canonical = call.arguments
     return f"{call.name}({canonical})"
@@ -299,6 +310,7 @@ class Agent:
         if max_parallel_tools < 1:
             raise UsageError("max_parallel_tools must be at least 1")
         self._parallel = anyio.CapacityLimiter(max_parallel_tools)
+        self._model_deadlines = _CallDeadlines()
         if directory is not None:
             checkpoint = checkpoint or Path(directory) / f"{name}.state.jsonl"
             transcript = transcript or Path(directory) / f"{name}.transcript.jsonl"
@@ -533,7 +545,10 @@ class Agent:
             "teamrt.task.id": state.task_id,
         }
         with telemetry.span(f"invoke_agent {self.name}", attributes) as span:
-            report = await self._drive_traced(state)
+            try:
+                report = await self._drive_traced(state)
+            finally:
+                self._model_deadlines.close()
             telemetry.annotate(
                 span,
                 teamrt__stop__reason=report.stop.reason,
@@ -682,8 +697,9 @@ class Agent:
         state.usage = state.usage + usage
         cost = cost_of(usage, model, self.prices)
         if cost is None:
-            state.cost_known = False
-        else:
+            if state.cost_known:
+                state.cost_known = False
+        elif cost:
             state.cost += cost
         if self.budget is not None:
             with anyio.CancelScope(shield=True):  # spent is spent: the ledger must say so
@@ -728,12 +744,23 @@ class Agent:
             per_call = rest if per_call is None else min(per_call, rest)
         started = self.clock()
         try:
-            with _within(min(left, per_call if per_call is not None else math.inf)):
-                reply = await self._complete(state, specs, output)
+            timeout = self._model_deadlines.start(
+                min(left, per_call if per_call is not None else math.inf)
+            )
+            try:
+                async with timeout:
+                    reply = await self._complete(state, specs, output)
                 state.attempts += reply.attempts
-                state.rate_limited += reply.rate_limited
-                state.usage_estimated = state.usage_estimated or reply.usage_estimated
+                if reply.rate_limited:
+                    state.rate_limited += reply.rate_limited
+                if reply.usage_estimated and not state.usage_estimated:
+                    state.usage_estimated = True
                 return reply
+            except TimeoutError:
+                if not timeout.expired():
+                    raise  # the model's own, not the deadline
+            finally:
+                self._model_deadlines.finish()
             if per_call is not None and per_call < left:
                 model_time = state.model_time + self.clock() - started
                 limit = self.limits.max_model_time
@@ -847,11 +874,7 @@ class Agent:
         close the step in the state and the journal."""
         reply = step.reply
         work = _StepWork(results=dict(step.results), reply_calls=reply.tool_calls)
-        decision = decide(
-            ModelReply(
-                text=reply.content, tool_calls=reply.tool_calls, finish_reason=step.finish_reason
-            )
-        )
+        decision = _decide(reply.content, reply.tool_calls, step.finish_reason)
         if self._output is not None and any(c.name == FINAL_TOOL for c in reply.tool_calls):
             state.nudges = 0
             self._final_call(state, reply.tool_calls, work)
@@ -892,15 +915,20 @@ class Agent:
                 nudge = NUDGE.format(reason=decision.reason, answer=self._answer_hint())
                 work.appended.append(ChatMessage.user(nudge))
         else:
-            state.nudges = 0
+            if state.nudges:
+                state.nudges = 0
             await self._run_tools(state, decision.calls, work)
-        added = [
-            reply,
-            *(work.results[c.id] for c in reply.tool_calls if c.id in work.results),
-            *work.appended,
-        ]
+        added = [reply]
+        results = work.results
+        for c in reply.tool_calls:
+            if c.id in results:
+                added.append(results[c.id])
+        added += work.appended
         state.messages.extend(added)
-        state.context_tokens += sum(message_tokens(m) for m in added)
+        tokens = 0
+        for m in added:
+            tokens += message_tokens(m)
+        state.context_tokens += tokens
         state.open_step = None
         handled = self.inbound.handled() if self.inbound is not None else []
         state.remember_handled(handled)
@@ -1019,7 +1047,7 @@ class Agent:
             if content.startswith('{"error"'):
                 state.tool_errors += 1
                 state.consecutive_errors += 1
-            else:
+            elif state.consecutive_errors:  # (a pydantic field: set only when it changes)
                 state.consecutive_errors = 0
             digest = _digest(content)
             if state.is_new_result(digest):
@@ -1028,7 +1056,8 @@ class Agent:
         if state.stop is not None:
             return
         if learned:
-            state.stale_steps = 0
+            if state.stale_steps:
+                state.stale_steps = 0
         elif not waited:  # waiting for others is not a lack of progress
             state.stale_steps += 1
         try:
@@ -1080,6 +1109,11 @@ class Agent:
     async def _run_one(
         self, state: AgentState, call: ToolCall, work: _StepWork, alone: bool = False
     ) -> None:
+        """Run one call and record its result, announced to listeners before and after. A call
+        run `alone` first passes a checkpoint (other tasks run; a cancellation lands before the
+        call is announced), as one under the limiter does in taking it."""
+        if alone:
+            await asyncio.sleep(0)  # anyio's checkpoint on asyncio, without its look-ups
         found = self.toolbox.get(call.name)
         waits = found is not None and found.waits
         keyed = call
@@ -1109,13 +1143,9 @@ class Agent:
     async def _run_call(
         self, state: AgentState, keyed: ToolCall, waits: bool, alone: bool
     ) -> ToolResult:
-        """Run one call: `alone` (no other call of the reply runs beside it) it is within
-        `max_parallel_tools` as it is, and only the limiter's checkpoints are kept (a
-        cancellation already pending lands here, then other tasks run, shielded: a call
-        announced to listeners as started does start); otherwise it takes the limiter."""
+        """Run one call, under the limiter when other calls of the reply run beside it (alone,
+        it is within `max_parallel_tools` as it is)."""
         if alone:
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            await anyio.lowlevel.cancel_shielded_checkpoint()
             return await self._run_tool(state, keyed, waits)
         async with self._parallel:
             return await self._run_tool(state, keyed, waits)
@@ -1212,6 +1242,52 @@ def _rejected_answer(state: AgentState) -> str | None:
                     return call.arguments
             return message.content
     return None
+
+
+class _CallDeadlines:
+    """Deadlines of one call after another (a run's model calls) on one timer, not one each.
+
+    `start(seconds)` gives the call an `asyncio.Timeout` to enter at once, armed by this timer,
+    and `finish()` says the call is over. The timer is set for the earliest deadline noted; when
+    it fires, the call running then has its timeout moved to its own deadline (asyncio cancels
+    it at once if that has passed, or arms it for the rest), and the next call starts the timer
+    again. So a step that ends well within its deadline schedules and cancels no timer, and a
+    call past its deadline is cancelled as `asyncio.timeout` would (its `TimeoutError`).
+    """
+
+    def __init__(self) -> None:
+        self._handle: asyncio.TimerHandle | None = None
+        self._running: asyncio.Timeout | None = None
+        self._when = math.inf
+
+    def start(self, seconds: float) -> asyncio.Timeout:
+        """The timeout of a call to start now (`math.inf`: one that never expires)."""
+        timeout = asyncio.timeout(None)
+        if seconds < math.inf:
+            loop = asyncio.get_running_loop()
+            self._running, self._when = timeout, loop.time() + seconds
+            handle = self._handle
+            if handle is None or handle.when() > self._when:
+                if handle is not None:
+                    handle.cancel()
+                self._handle = loop.call_at(self._when, self._fire)
+        return timeout
+
+    def finish(self) -> None:
+        """The call that started last is over (the timer, if set, stays for the next one)."""
+        self._running = None
+
+    def close(self) -> None:
+        """No more calls: the timer is cancelled."""
+        self._running = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        if self._running is not None:
+            self._running.reschedule(self._when)
 
 
 _UNBOUNDED = contextlib.nullcontext()
