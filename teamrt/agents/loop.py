@@ -121,13 +121,17 @@ class Truncated:
 def decide(reply: ModelReply) -> Answer | CallTools | Malformed | Truncated:
     """What a model reply means. Tool calls win over text (the text is a note to itself); text
     cut off by the length limit is not an answer."""
-    return _decide(reply.text, reply.tool_calls, reply.finish_reason)
+    return _decide(reply.text, reply.tool_calls, reply.finish_reason, [])
 
 
 def _decide(
-    text: str | None, tool_calls: tuple[ToolCall, ...], finish_reason: str | None
+    text: str | None,
+    tool_calls: tuple[ToolCall, ...],
+    finish_reason: str | None,
+    parsed: list[dict[str, Any]],
 ) -> Answer | CallTools | Malformed | Truncated:
-    """`decide` on a reply's parts (a recorded step has them as a message, not a reply)."""
+    """`decide` on a reply's parts (a recorded step has them as a message, not a reply); the
+    calls' arguments, parsed on the way, are appended to `parsed` (for their signatures)."""
     if tool_calls:
         for call in tool_calls:
             try:
@@ -136,6 +140,7 @@ def _decide(
                 return Malformed(f"the arguments of {call.name} are not valid JSON ({exc})")
             if not isinstance(arguments, dict):
                 return Malformed(f"the arguments of {call.name} are not a JSON object")
+            parsed.append(arguments)
         return CallTools(tool_calls)
     if finish_reason == "length":
         return Truncated(text or "")
@@ -154,6 +159,11 @@ def signature(call: ToolCall) -> str:
     except ValueError:
         canonical = call.arguments
     return f"{call.name}({canonical})"
+
+
+def _signature_of(call: ToolCall, arguments: dict[str, Any]) -> str:
+    """`signature(call)` given its arguments as parsed already."""
+    return f"{call.name}({_CANONICAL_JSON.encode(arguments)})"
 
 
 def _digest(text: str) -> str:
@@ -242,6 +252,7 @@ class _StepWork:
     results: dict[str, ChatMessage] = field(default_factory=dict)
     reply_calls: tuple[ToolCall, ...] = ()
     appended: list[ChatMessage] = field(default_factory=list)  # after the results
+    arguments: list[dict[str, Any]] = field(default_factory=list)  # of the calls, parsed
     calls: list[str] = field(default_factory=list)  # signatures counted for repeats
     digests: list[str] = field(default_factory=list)
 
@@ -589,10 +600,14 @@ class Agent:
             except LimitExceeded as exc:
                 self._stop_at_limit(state, exc)
                 break
-            injected = await self._step_boundary(state)
+            # (the awaits below are skipped when they have nothing to do: a step is made of
+            # many small calls, and each coroutine costs its creation)
+            injected = await self._step_boundary(state) if self.inbound is not None else []
             if state.stop is not None:
                 break
-            replaced = await self._compact_in_time(state)
+            replaced = self.memory.over_budget(
+                state.context_tokens
+            ) and await self._compact_in_time(state)
             if state.stop is not None:
                 break
             reply = await self._call_model(state, specs, output)
@@ -708,6 +723,8 @@ class Agent:
     def _time_left(self) -> tuple[float, Callable[[str], LimitExceeded]]:
         """Seconds until the nearest deadline (the run's, or a shared budget's), and the error
         that says which one passed, given what was running."""
+        if self.limits.deadline is None and self.budget is None:
+            return math.inf, self._deadline_passed  # (never called: there is no deadline)
         left, which = math.inf, "deadline"
         if self.limits.deadline is not None:
             left = self.limits.deadline - self._elapsed()
@@ -725,14 +742,17 @@ class Agent:
                     round(deadline - (shared() or 0.0), 3),
                     f"the team's wall-clock deadline (s) passed {during}:",
                 )
-            return LimitExceeded(
-                "deadline",
-                self.limits.deadline or 0.0,
-                round(self._elapsed(), 3),
-                f"the wall-clock deadline (s) passed {during}:",
-            )
+            return self._deadline_passed(during)
 
         return max(0.0, left), passed
+
+    def _deadline_passed(self, during: str) -> LimitExceeded:
+        return LimitExceeded(
+            "deadline",
+            self.limits.deadline or 0.0,
+            round(self._elapsed(), 3),
+            f"the wall-clock deadline (s) passed {during}:",
+        )
 
     async def _call_model(
         self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None
@@ -749,7 +769,10 @@ class Agent:
             )
             try:
                 async with timeout:
-                    reply = await self._complete(state, specs, output)
+                    if output is None and self.on_event is None and not telemetry.enabled():
+                        reply = await self.model.complete(state.messages, specs)  # _complete's
+                    else:
+                        reply = await self._complete(state, specs, output)
                 state.attempts += reply.attempts
                 if reply.rate_limited:
                     state.rate_limited += reply.rate_limited
@@ -874,7 +897,7 @@ class Agent:
         close the step in the state and the journal."""
         reply = step.reply
         work = _StepWork(results=dict(step.results), reply_calls=reply.tool_calls)
-        decision = _decide(reply.content, reply.tool_calls, step.finish_reason)
+        decision = _decide(reply.content, reply.tool_calls, step.finish_reason, work.arguments)
         if self._output is not None and any(c.name == FINAL_TOOL for c in reply.tool_calls):
             state.nudges = 0
             self._final_call(state, reply.tool_calls, work)
@@ -1015,7 +1038,11 @@ class Agent:
         for i, call in enumerate(tool_calls):
             found = self.toolbox.get(call.name)
             waits = found is not None and found.waits
-            sig = signature(call)
+            sig = (
+                _signature_of(call, work.arguments[i])
+                if i < len(work.arguments)
+                else signature(call)
+            )
             try:
                 self.limits.check_tool_call(
                     tool_calls=state.tool_calls,
@@ -1071,8 +1098,8 @@ class Agent:
         self, state: AgentState, calls: list[ToolCall], work: _StepWork
     ) -> None:
         """Run calls concurrently, a sequential tool alone; stop them at the run's deadline."""
-        groups: list[list[ToolCall]] = []
-        for call in calls:
+        groups: list[list[ToolCall]] = [calls] if len(calls) == 1 else []
+        for call in calls if len(calls) > 1 else ():
             alone = _is_sequential(self.toolbox, call)
             if alone or not groups or _is_sequential(self.toolbox, groups[-1][-1]):
                 groups.append([call])
@@ -1135,7 +1162,11 @@ class Agent:
                 result = await self._run_call(state, keyed, waits, alone)
                 telemetry.annotate(span, teamrt__tool__ok=result.ok)
         else:
-            result = await self._run_call(state, keyed, waits, alone)
+            result = (
+                await self.toolbox.run(keyed)  # what _run_call does with such a call
+                if alone and not waits
+                else await self._run_call(state, keyed, waits, alone)
+            )
         self._record(work, call, ChatMessage.tool_result(call, result.content))
         if listening:
             await self._emit(ToolCallFinished(call.id, call.name, result.content, result.ok))
