@@ -150,6 +150,24 @@ def _decide(
 
 
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True)  # json.dumps(value, sort_keys=True)
+# the same, made once: `encode` makes its C encoder anew each call (no markers: what it gets
+# comes from json.loads, which makes no cycles)
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_canonical_chunks: Any = (
+    _make_encoder(
+        None,
+        _CANONICAL_JSON.default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        True,
+        False,
+        True,
+    )
+    if _make_encoder is not None
+    else None
+)
 
 
 def signature(call: ToolCall) -> str:
@@ -163,7 +181,9 @@ def signature(call: ToolCall) -> str:
 
 def _signature_of(call: ToolCall, arguments: dict[str, Any]) -> str:
     """`signature(call)` given its arguments as parsed already."""
-    return f"{call.name}({_CANONICAL_JSON.encode(arguments)})"
+    if _canonical_chunks is None:
+        return f"{call.name}({_CANONICAL_JSON.encode(arguments)})"
+    return f"{call.name}({''.join(_canonical_chunks(arguments, 0))})"
 
 
 def _digest(text: str) -> str:
@@ -622,7 +642,8 @@ class Agent:
             state.steps += 1
             open_step = OpenStep(reply=reply.as_message(), finish_reason=reply.finish_reason)
             handled = self.inbound.handled() if self.inbound is not None else []
-            state.remember_handled(handled)
+            if handled:
+                state.remember_handled(handled)
             if self.journal is not None:
                 self.journal.call(
                     state, injected, handled, open_step.reply, reply.usage, reply.finish_reason
@@ -954,7 +975,8 @@ class Agent:
         state.context_tokens += tokens
         state.open_step = None
         handled = self.inbound.handled() if self.inbound is not None else []
-        state.remember_handled(handled)
+        if handled:
+            state.remember_handled(handled)
         state.elapsed = self._elapsed()
         if self.journal is not None:
             self.journal.step(state, work.appended, work.calls, work.digests, handled)
@@ -1035,6 +1057,7 @@ class Agent:
         """Admit the calls in order against the limits, run the admitted ones (concurrently,
         in groups split by sequential tools), then account for the results in call order."""
         admitted: list[ToolCall] = []
+        waiting: set[str] = set()  # ids of admitted calls to tools that wait for others
         for i, call in enumerate(tool_calls):
             found = self.toolbox.get(call.name)
             waits = found is not None and found.waits
@@ -1056,7 +1079,9 @@ class Agent:
                     )
                 self._stop_at_limit(state, exc)
                 break
-            if not waits:
+            if waits:
+                waiting.add(call.id)
+            else:
                 state.count_call(sig)
                 work.calls.append(sig)
             state.tool_calls += 1
@@ -1066,8 +1091,7 @@ class Agent:
         learned = waited = False
         for call in admitted:
             message = work.results[call.id]
-            found = self.toolbox.get(call.name)
-            if found is not None and found.waits:
+            if waiting and call.id in waiting:
                 waited = True
                 continue
             content = message.content or ""
@@ -1098,6 +1122,10 @@ class Agent:
         self, state: AgentState, calls: list[ToolCall], work: _StepWork
     ) -> None:
         """Run calls concurrently, a sequential tool alone; stop them at the run's deadline."""
+        left, passed = self._time_left()
+        if left == math.inf and len(calls) == 1:  # the common case, without the machinery
+            await self._run_one(state, calls[0], work, alone=True)
+            return
         groups: list[list[ToolCall]] = [calls] if len(calls) == 1 else []
         for call in calls if len(calls) > 1 else ():
             alone = _is_sequential(self.toolbox, call)
@@ -1105,7 +1133,6 @@ class Agent:
                 groups.append([call])
             else:
                 groups[-1].append(call)
-        left, passed = self._time_left()
         if left == math.inf:  # no deadline to stop them at: no cancel scope either
             await self._run_groups(state, groups, work)
             return
