@@ -9,6 +9,7 @@ import json
 from collections.abc import Sequence
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from teamrt.agents import Agent, Limits
@@ -74,12 +75,12 @@ async def test_other_tasks_run_at_each_tool_call_of_a_run_that_never_waits() -> 
         nonlocal ticks
         while True:
             ticks += 1
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
     model = ScriptedModel([*(call("look") for _ in range(3)), "done"])
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         report = await Agent("a", model, tools=[look], limits=Limits(max_repeats=10)).run("x")
         tg.cancel_scope.cancel()
     assert report.ok
