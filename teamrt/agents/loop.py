@@ -1126,8 +1126,8 @@ class Agent:
         if left == math.inf and len(calls) == 1:  # the common case, without the machinery
             await self._run_one(state, calls[0], work, alone=True)
             return
-        groups: list[list[ToolCall]] = [calls] if len(calls) == 1 else []
-        for call in calls if len(calls) > 1 else ():
+        groups: list[list[ToolCall]] = []
+        for call in calls:
             alone = _is_sequential(self.toolbox, call)
             if alone or not groups or _is_sequential(self.toolbox, groups[-1][-1]):
                 groups.append([call])
