@@ -110,7 +110,9 @@ def test_a_saved_run_is_compared_figure_by_figure(tmp_path: Path) -> None:
     assert compared["file"] == str(saved) and compared["not_run"] == []
     assert [row["name"] for row in compared["figures"]] == names
     assert compared["machine_change"] > -1
-    late = next(row for row in compared["figures"] if row["name"].endswith("at step 40"))
+    late = next(
+        row for row in compared["figures"] if row["name"].endswith("at step 40: whole step")
+    )
     assert late["ratio_verdict"] in {"better", "WORSE", "noise"}  # beside its baseline
     for row in compared["figures"]:
         assert row["verdict"] in {"better", "WORSE", "noise"}

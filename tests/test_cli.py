@@ -170,7 +170,7 @@ def test_bench_smoke_emits_every_figure(tmp_path: Path) -> None:
         "idle receiver in another process wakes, p50",
         "drain a backlog of 1,000",
         "drain a backlog of 1,000 in batches, drain_nowait(256)",
-        "agent step, checkpointed, at step 10",
+        "agent step, checkpointed, at step 10: the loop's own CPU",
         "20 idle teammates: CPU while idle",
         "replay 3,000 envelopes (timeline, pairing, flags)",
         "ack with 2,000 acks held behind one unacked envelope",

@@ -7,6 +7,7 @@ here does I/O or reads a clock: the caller passes the time.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -35,12 +36,18 @@ PRICES: dict[str, tuple[float, float]] = {
 _SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")
 
 
+@functools.lru_cache(maxsize=256)
+def _family(model: str) -> str:
+    """A dated snapshot's family name ("gpt-4o-2024-08-06" -> "gpt-4o"), or the name itself."""
+    return _SNAPSHOT.sub("", model)
+
+
 def price_of(model: str, prices: dict[str, tuple[float, float]]) -> tuple[float, float] | None:
     """The (input, output) USD per million tokens of `model`; a dated snapshot
     ("gpt-4o-2024-08-06") takes its family's price unless it has its own."""
     price = prices.get(model)
     if price is None:
-        family = _SNAPSHOT.sub("", model)
+        family = _family(model)
         price = prices.get(family) if family != model else None
     return price
 

@@ -23,6 +23,7 @@ The driver never raises for the model's or the tools' misbehaviour: that is data
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -120,29 +121,69 @@ class Truncated:
 def decide(reply: ModelReply) -> Answer | CallTools | Malformed | Truncated:
     """What a model reply means. Tool calls win over text (the text is a note to itself); text
     cut off by the length limit is not an answer."""
-    if reply.tool_calls:
-        for call in reply.tool_calls:
+    return _decide(reply.text, reply.tool_calls, reply.finish_reason, [])
+
+
+def _decide(
+    text: str | None,
+    tool_calls: tuple[ToolCall, ...],
+    finish_reason: str | None,
+    parsed: list[dict[str, Any]],
+) -> Answer | CallTools | Malformed | Truncated:
+    """`decide` on a reply's parts (a recorded step has them as a message, not a reply); the
+    calls' arguments, parsed on the way, are appended to `parsed` (for their signatures)."""
+    if tool_calls:
+        for call in tool_calls:
             try:
                 arguments = json.loads(call.arguments or "{}")
             except ValueError as exc:
                 return Malformed(f"the arguments of {call.name} are not valid JSON ({exc})")
             if not isinstance(arguments, dict):
                 return Malformed(f"the arguments of {call.name} are not a JSON object")
-        return CallTools(reply.tool_calls)
-    if reply.finish_reason == "length":
-        return Truncated(reply.text or "")
-    if reply.text and reply.text.strip():
-        return Answer(reply.text)
+            parsed.append(arguments)
+        return CallTools(tool_calls)
+    if finish_reason == "length":
+        return Truncated(text or "")
+    if text and text.strip():
+        return Answer(text)
     return Malformed("it had neither text nor a tool call")
+
+
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True)  # json.dumps(value, sort_keys=True)
+# the same, made once: `encode` makes its C encoder anew each call (no markers: what it gets
+# comes from json.loads, which makes no cycles)
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_canonical_chunks: Any = (
+    _make_encoder(
+        None,
+        _CANONICAL_JSON.default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        True,
+        False,
+        True,
+    )
+    if _make_encoder is not None
+    else None
+)
 
 
 def signature(call: ToolCall) -> str:
     """A tool call's identity for loop detection: name and canonical arguments."""
     try:
-        canonical = json.dumps(json.loads(call.arguments or "{}"), sort_keys=True)
+        canonical = _CANONICAL_JSON.encode(json.loads(call.arguments or "{}"))
     except ValueError:
         canonical = call.arguments
     return f"{call.name}({canonical})"
+
+
+def _signature_of(call: ToolCall, arguments: dict[str, Any]) -> str:
+    """`signature(call)` given its arguments as parsed already."""
+    if _canonical_chunks is None:
+        return f"{call.name}({_CANONICAL_JSON.encode(arguments)})"
+    return f"{call.name}({''.join(_canonical_chunks(arguments, 0))})"
 
 
 def _digest(text: str) -> str:
@@ -231,6 +272,7 @@ class _StepWork:
     results: dict[str, ChatMessage] = field(default_factory=dict)
     reply_calls: tuple[ToolCall, ...] = ()
     appended: list[ChatMessage] = field(default_factory=list)  # after the results
+    arguments: list[dict[str, Any]] = field(default_factory=list)  # of the calls, parsed
     calls: list[str] = field(default_factory=list)  # signatures counted for repeats
     digests: list[str] = field(default_factory=list)
 
@@ -299,6 +341,7 @@ class Agent:
         if max_parallel_tools < 1:
             raise UsageError("max_parallel_tools must be at least 1")
         self._parallel = anyio.CapacityLimiter(max_parallel_tools)
+        self._model_deadlines = _CallDeadlines()
         if directory is not None:
             checkpoint = checkpoint or Path(directory) / f"{name}.state.jsonl"
             transcript = transcript or Path(directory) / f"{name}.transcript.jsonl"
@@ -533,7 +576,10 @@ class Agent:
             "teamrt.task.id": state.task_id,
         }
         with telemetry.span(f"invoke_agent {self.name}", attributes) as span:
-            report = await self._drive_traced(state)
+            try:
+                report = await self._drive_traced(state)
+            finally:
+                self._model_deadlines.close()
             telemetry.annotate(
                 span,
                 teamrt__stop__reason=report.stop.reason,
@@ -574,10 +620,14 @@ class Agent:
             except LimitExceeded as exc:
                 self._stop_at_limit(state, exc)
                 break
-            injected = await self._step_boundary(state)
+            # (the awaits below are skipped when they have nothing to do: a step is made of
+            # many small calls, and each coroutine costs its creation)
+            injected = await self._step_boundary(state) if self.inbound is not None else []
             if state.stop is not None:
                 break
-            replaced = await self._compact_in_time(state)
+            replaced = self.memory.over_budget(
+                state.context_tokens
+            ) and await self._compact_in_time(state)
             if state.stop is not None:
                 break
             reply = await self._call_model(state, specs, output)
@@ -592,7 +642,8 @@ class Agent:
             state.steps += 1
             open_step = OpenStep(reply=reply.as_message(), finish_reason=reply.finish_reason)
             handled = self.inbound.handled() if self.inbound is not None else []
-            state.remember_handled(handled)
+            if handled:
+                state.remember_handled(handled)
             if self.journal is not None:
                 self.journal.call(
                     state, injected, handled, open_step.reply, reply.usage, reply.finish_reason
@@ -624,12 +675,14 @@ class Agent:
     async def _compact_in_time(self, state: AgentState) -> bool:
         """`_compact` under the same rules as a model call (a summariser is a model): the
         deadlines and `model_timeout` stop it, and its failure is a `model_error` stop."""
+        if not self.memory.over_budget(state.context_tokens):
+            return False  # the common case: nothing to summarise, so nothing to time
         left, passed = self._time_left()
         per_call = self.limits.model_timeout
         bound = min(left, per_call if per_call is not None else math.inf)
         started = self.clock()
         try:
-            with anyio.move_on_after(bound):
+            with _within(bound):
                 return await self._compact(state)
             if per_call is not None and per_call < left:
                 raise LimitExceeded(
@@ -680,8 +733,9 @@ class Agent:
         state.usage = state.usage + usage
         cost = cost_of(usage, model, self.prices)
         if cost is None:
-            state.cost_known = False
-        else:
+            if state.cost_known:
+                state.cost_known = False
+        elif cost:
             state.cost += cost
         if self.budget is not None:
             with anyio.CancelScope(shield=True):  # spent is spent: the ledger must say so
@@ -690,6 +744,8 @@ class Agent:
     def _time_left(self) -> tuple[float, Callable[[str], LimitExceeded]]:
         """Seconds until the nearest deadline (the run's, or a shared budget's), and the error
         that says which one passed, given what was running."""
+        if self.limits.deadline is None and self.budget is None:
+            return math.inf, self._deadline_passed  # (never called: there is no deadline)
         left, which = math.inf, "deadline"
         if self.limits.deadline is not None:
             left = self.limits.deadline - self._elapsed()
@@ -707,14 +763,17 @@ class Agent:
                     round(deadline - (shared() or 0.0), 3),
                     f"the team's wall-clock deadline (s) passed {during}:",
                 )
-            return LimitExceeded(
-                "deadline",
-                self.limits.deadline or 0.0,
-                round(self._elapsed(), 3),
-                f"the wall-clock deadline (s) passed {during}:",
-            )
+            return self._deadline_passed(during)
 
         return max(0.0, left), passed
+
+    def _deadline_passed(self, during: str) -> LimitExceeded:
+        return LimitExceeded(
+            "deadline",
+            self.limits.deadline or 0.0,
+            round(self._elapsed(), 3),
+            f"the wall-clock deadline (s) passed {during}:",
+        )
 
     async def _call_model(
         self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None
@@ -726,12 +785,26 @@ class Agent:
             per_call = rest if per_call is None else min(per_call, rest)
         started = self.clock()
         try:
-            with anyio.move_on_after(min(left, per_call if per_call is not None else math.inf)):
-                reply = await self._complete(state, specs, output)
+            timeout = self._model_deadlines.start(
+                min(left, per_call if per_call is not None else math.inf)
+            )
+            try:
+                async with timeout:
+                    if output is None and self.on_event is None and not telemetry.enabled():
+                        reply = await self.model.complete(state.messages, specs)  # _complete's
+                    else:
+                        reply = await self._complete(state, specs, output)
                 state.attempts += reply.attempts
-                state.rate_limited += reply.rate_limited
-                state.usage_estimated = state.usage_estimated or reply.usage_estimated
+                if reply.rate_limited:
+                    state.rate_limited += reply.rate_limited
+                if reply.usage_estimated and not state.usage_estimated:
+                    state.usage_estimated = True
                 return reply
+            except TimeoutError:
+                if not timeout.expired():
+                    raise  # the model's own, not the deadline
+            finally:
+                self._model_deadlines.finish()
             if per_call is not None and per_call < left:
                 model_time = state.model_time + self.clock() - started
                 limit = self.limits.max_model_time
@@ -845,11 +918,7 @@ class Agent:
         close the step in the state and the journal."""
         reply = step.reply
         work = _StepWork(results=dict(step.results), reply_calls=reply.tool_calls)
-        decision = decide(
-            ModelReply(
-                text=reply.content, tool_calls=reply.tool_calls, finish_reason=step.finish_reason
-            )
-        )
+        decision = _decide(reply.content, reply.tool_calls, step.finish_reason, work.arguments)
         if self._output is not None and any(c.name == FINAL_TOOL for c in reply.tool_calls):
             state.nudges = 0
             self._final_call(state, reply.tool_calls, work)
@@ -890,18 +959,24 @@ class Agent:
                 nudge = NUDGE.format(reason=decision.reason, answer=self._answer_hint())
                 work.appended.append(ChatMessage.user(nudge))
         else:
-            state.nudges = 0
+            if state.nudges:
+                state.nudges = 0
             await self._run_tools(state, decision.calls, work)
-        added = [
-            reply,
-            *(work.results[c.id] for c in reply.tool_calls if c.id in work.results),
-            *work.appended,
-        ]
+        added = [reply]
+        results = work.results
+        for c in reply.tool_calls:
+            if c.id in results:
+                added.append(results[c.id])
+        added += work.appended
         state.messages.extend(added)
-        state.context_tokens += sum(message_tokens(m) for m in added)
+        tokens = 0
+        for m in added:
+            tokens += message_tokens(m)
+        state.context_tokens += tokens
         state.open_step = None
         handled = self.inbound.handled() if self.inbound is not None else []
-        state.remember_handled(handled)
+        if handled:
+            state.remember_handled(handled)
         state.elapsed = self._elapsed()
         if self.journal is not None:
             self.journal.step(state, work.appended, work.calls, work.digests, handled)
@@ -982,10 +1057,15 @@ class Agent:
         """Admit the calls in order against the limits, run the admitted ones (concurrently,
         in groups split by sequential tools), then account for the results in call order."""
         admitted: list[ToolCall] = []
+        waiting: set[str] = set()  # ids of admitted calls to tools that wait for others
         for i, call in enumerate(tool_calls):
             found = self.toolbox.get(call.name)
             waits = found is not None and found.waits
-            sig = signature(call)
+            sig = (
+                _signature_of(call, work.arguments[i])
+                if i < len(work.arguments)
+                else signature(call)
+            )
             try:
                 self.limits.check_tool_call(
                     tool_calls=state.tool_calls,
@@ -999,7 +1079,9 @@ class Agent:
                     )
                 self._stop_at_limit(state, exc)
                 break
-            if not waits:
+            if waits:
+                waiting.add(call.id)
+            else:
                 state.count_call(sig)
                 work.calls.append(sig)
             state.tool_calls += 1
@@ -1009,15 +1091,14 @@ class Agent:
         learned = waited = False
         for call in admitted:
             message = work.results[call.id]
-            found = self.toolbox.get(call.name)
-            if found is not None and found.waits:
+            if waiting and call.id in waiting:
                 waited = True
                 continue
             content = message.content or ""
             if content.startswith('{"error"'):
                 state.tool_errors += 1
                 state.consecutive_errors += 1
-            else:
+            elif state.consecutive_errors:  # (a pydantic field: set only when it changes)
                 state.consecutive_errors = 0
             digest = _digest(content)
             if state.is_new_result(digest):
@@ -1026,7 +1107,8 @@ class Agent:
         if state.stop is not None:
             return
         if learned:
-            state.stale_steps = 0
+            if state.stale_steps:
+                state.stale_steps = 0
         elif not waited:  # waiting for others is not a lack of progress
             state.stale_steps += 1
         try:
@@ -1040,6 +1122,10 @@ class Agent:
         self, state: AgentState, calls: list[ToolCall], work: _StepWork
     ) -> None:
         """Run calls concurrently, a sequential tool alone; stop them at the run's deadline."""
+        left, passed = self._time_left()
+        if left == math.inf and len(calls) == 1:  # the common case, without the machinery
+            await self._run_one(state, calls[0], work, alone=True)
+            return
         groups: list[list[ToolCall]] = []
         for call in calls:
             alone = _is_sequential(self.toolbox, call)
@@ -1047,15 +1133,11 @@ class Agent:
                 groups.append([call])
             else:
                 groups[-1].append(call)
-        left, passed = self._time_left()
+        if left == math.inf:  # no deadline to stop them at: no cancel scope either
+            await self._run_groups(state, groups, work)
+            return
         with anyio.move_on_after(left) as scope:
-            for group in groups:
-                if len(group) == 1:
-                    await self._run_one(state, group[0], work)
-                    continue
-                async with anyio.create_task_group() as tg:
-                    for call in group:
-                        tg.start_soon(self._run_one, state, call, work)
+            await self._run_groups(state, groups, work)
         if scope.cancelled_caught:
             unfinished = [call for call in calls if call.id not in work.results]
             names = ", ".join(dict.fromkeys(call.name for call in unfinished)) or "tools"
@@ -1065,7 +1147,27 @@ class Agent:
                 self._record(work, call, message)
             self._stop_at_limit(state, passed(f"while {names} ran"))
 
-    async def _run_one(self, state: AgentState, call: ToolCall, work: _StepWork) -> None:
+    async def _run_groups(
+        self, state: AgentState, groups: list[list[ToolCall]], work: _StepWork
+    ) -> None:
+        """Each group in turn: a group of one call runs here, the calls of a larger one side
+        by side (at most `max_parallel_tools` at a time)."""
+        for group in groups:
+            if len(group) == 1:
+                await self._run_one(state, group[0], work, alone=True)
+                continue
+            async with anyio.create_task_group() as tg:
+                for call in group:
+                    tg.start_soon(self._run_one, state, call, work)
+
+    async def _run_one(
+        self, state: AgentState, call: ToolCall, work: _StepWork, alone: bool = False
+    ) -> None:
+        """Run one call and record its result, announced to listeners before and after. A call
+        run `alone` first passes a checkpoint (other tasks run; a cancellation lands before the
+        call is announced), as one under the limiter does in taking it."""
+        if alone:
+            await asyncio.sleep(0)  # anyio's checkpoint on asyncio, without its look-ups
         found = self.toolbox.get(call.name)
         waits = found is not None and found.waits
         keyed = call
@@ -1084,31 +1186,43 @@ class Agent:
                 "gen_ai.tool.call.id": call.id,
             }
             with telemetry.span(f"execute_tool {call.name}", attributes) as span:
-                result = await self._run_call(state, call, keyed, waits)
+                result = await self._run_call(state, keyed, waits, alone)
                 telemetry.annotate(span, teamrt__tool__ok=result.ok)
         else:
-            result = await self._run_call(state, call, keyed, waits)
+            result = (
+                await self.toolbox.run(keyed)  # what _run_call does with such a call
+                if alone and not waits
+                else await self._run_call(state, keyed, waits, alone)
+            )
         self._record(work, call, ChatMessage.tool_result(call, result.content))
         if listening:
             await self._emit(ToolCallFinished(call.id, call.name, result.content, result.ok))
 
     async def _run_call(
-        self, state: AgentState, call: ToolCall, keyed: ToolCall, waits: bool
+        self, state: AgentState, keyed: ToolCall, waits: bool, alone: bool
     ) -> ToolResult:
+        """Run one call, under the limiter when other calls of the reply run beside it (alone,
+        it is within `max_parallel_tools` as it is)."""
+        if alone:
+            return await self._run_tool(state, keyed, waits)
         async with self._parallel:
-            started = self.clock()
-            if waits and self.limits.max_idle is not None:  # the idle limit bounds each wait
-                result: ToolResult | None = None
-                with anyio.move_on_after(max(0.0, self.limits.max_idle - state.idle)):
-                    result = await self.toolbox.run(keyed)
-                if result is None:
-                    result = ToolResult(
-                        json.dumps({"nothing_arrived": "stopped waiting: the idle limit"}), True
-                    )
-            else:
+            return await self._run_tool(state, keyed, waits)
+
+    async def _run_tool(self, state: AgentState, keyed: ToolCall, waits: bool) -> ToolResult:
+        if not waits:
+            return await self.toolbox.run(keyed)
+        started = self.clock()
+        if self.limits.max_idle is not None:  # the idle limit bounds each wait
+            result: ToolResult | None = None
+            with anyio.move_on_after(max(0.0, self.limits.max_idle - state.idle)):
                 result = await self.toolbox.run(keyed)
-            if waits:
-                state.idle += self.clock() - started
+            if result is None:
+                result = ToolResult(
+                    json.dumps({"nothing_arrived": "stopped waiting: the idle limit"}), True
+                )
+        else:
+            result = await self.toolbox.run(keyed)
+        state.idle += self.clock() - started
         return result
 
     def _record(self, work: _StepWork, call: ToolCall, message: ChatMessage) -> None:
@@ -1186,6 +1300,62 @@ def _rejected_answer(state: AgentState) -> str | None:
                     return call.arguments
             return message.content
     return None
+
+
+class _CallDeadlines:
+    """Deadlines of one call after another (a run's model calls) on one timer, not one each.
+
+    `start(seconds)` gives the call an `asyncio.Timeout` to enter at once, armed by this timer,
+    and `finish()` says the call is over. The timer is set for the earliest deadline noted; when
+    it fires, the call running then has its timeout moved to its own deadline (asyncio cancels
+    it at once if that has passed, or arms it for the rest), and the next call starts the timer
+    again. So a step that ends well within its deadline schedules and cancels no timer, and a
+    call past its deadline is cancelled as `asyncio.timeout` would (its `TimeoutError`).
+    """
+
+    def __init__(self) -> None:
+        self._handle: asyncio.TimerHandle | None = None
+        self._running: asyncio.Timeout | None = None
+        self._when = math.inf
+
+    def start(self, seconds: float) -> asyncio.Timeout:
+        """The timeout of a call to start now (`math.inf`: one that never expires)."""
+        timeout = asyncio.timeout(None)
+        if seconds < math.inf:
+            loop = asyncio.get_running_loop()
+            self._running, self._when = timeout, loop.time() + seconds
+            handle = self._handle
+            if handle is None or handle.when() > self._when:
+                if handle is not None:
+                    handle.cancel()
+                self._handle = loop.call_at(self._when, self._fire)
+        return timeout
+
+    def finish(self) -> None:
+        """The call that started last is over (the timer, if set, stays for the next one)."""
+        self._running = None
+
+    def close(self) -> None:
+        """No more calls: the timer is cancelled."""
+        self._running = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        if self._running is not None:
+            self._running.reschedule(self._when)
+
+
+_UNBOUNDED = contextlib.nullcontext()
+
+
+def _within(seconds: float) -> contextlib.AbstractContextManager[Any]:
+    """A cancel scope that ends its block after `seconds`, or none at all when there is no
+    bound: a scope without a deadline would only cost its enter and exit (an outer
+    cancellation reaches the block the same either way), and most steps have none."""
+    return anyio.move_on_after(seconds) if seconds < math.inf else _UNBOUNDED
 
 
 def _is_sequential(toolbox: Toolbox, call: ToolCall) -> bool:

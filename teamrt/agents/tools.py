@@ -35,6 +35,9 @@ from teamrt.models.base import ToolCall, ToolSpec
 
 DEFAULT_MAX_OUTPUT = 8000  # characters of a tool result the model gets to see
 
+# what `json.dumps(value, default=str, ensure_ascii=False)` makes, without a new encoder each time
+_RESULT_JSON = json.JSONEncoder(default=str, ensure_ascii=False)
+
 _current_call: contextvars.ContextVar[ToolCall | None] = contextvars.ContextVar(
     "teamrt_current_call", default=None
 )
@@ -92,6 +95,10 @@ class Tool:
         schema.pop("title", None)
         return ToolSpec(name=self.name, description=self.description, parameters=schema)
 
+    @functools.cached_property
+    def _arg_names(self) -> tuple[str, ...]:
+        return tuple(self.args_model.model_fields)
+
     def parse(self, arguments: str) -> BaseModel | ToolResult:
         """Validate the model's argument text; a `ToolResult` error if it does not fit."""
         try:
@@ -109,7 +116,7 @@ class Tool:
         """
         if self.gate is not None and (refusal := self.gate()) is not None:
             return _error("PermissionError", refusal)
-        kwargs = {name: getattr(args, name) for name in type(args).model_fields}
+        kwargs = {name: getattr(args, name) for name in self._arg_names}
         try:
             if self.is_async:
                 result = await self.fn(**kwargs)
@@ -140,7 +147,7 @@ class Tool:
         elif isinstance(result, BaseModel):
             text = result.model_dump_json()
         else:
-            text = json.dumps(result, default=str, ensure_ascii=False)
+            text = _RESULT_JSON.encode(result)
         if len(text) > self.max_output:
             dropped = len(text) - self.max_output
             text = f"{text[: self.max_output]}... [cut {dropped} of {len(text)} characters]"

@@ -1,0 +1,117 @@
+"""The agent step's short ways: a run's model calls share one deadline timer, a lone tool call
+runs without the limiter but still at a checkpoint, and a call's arguments are parsed once for
+its signature. Each keeps what the long way did."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from teamrt.agents import Agent, Limits
+from teamrt.agents.loop import _signature_of, signature
+from teamrt.models import ChatMessage, FunctionModel, ModelReply, ScriptedModel, ToolSpec, call
+from teamrt.models.base import ToolCall
+
+
+async def test_a_model_timeout_fires_on_a_later_call_after_the_timer_moved() -> None:
+    # call 1 is quick and arms the shared timer for its deadline; a slow tool and a slow (but
+    # in time) call 2 run past that moment, so the timer fires during call 2 and must move to
+    # call 2's own deadline, not cut it; call 3 hangs and must be stopped at its deadline.
+    calls = 0
+
+    async def model(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            await anyio.sleep(0.3)
+        elif calls == 3:
+            await anyio.sleep(30)
+        return call("wait", n=calls)
+
+    async def wait(n: int) -> int:
+        """Wait a little."""
+        await anyio.sleep(0.3)
+        return n
+
+    agent = Agent("a", FunctionModel(model), tools=[wait], limits=Limits(model_timeout=0.5))
+    with anyio.fail_after(10):
+        report = await agent.run("x")
+    assert report.stop.limit == "model_timeout"
+    assert (calls, report.steps) == (3, 2)  # call 2 finished; call 3 was the one cut
+
+
+async def test_a_models_own_timeout_error_is_not_taken_for_the_deadline() -> None:
+    async def model(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        raise TimeoutError("the model's own")
+
+    agent = Agent("a", FunctionModel(model), limits=Limits(model_timeout=5))
+    with pytest.raises(TimeoutError, match="the model's own"):
+        await agent.run("x")
+
+
+def test_an_agent_runs_again_on_another_event_loop() -> None:
+    # the deadline timer of the first run (and loop) is gone when the second starts
+    agent = Agent("a", ScriptedModel(["one", "two"]), limits=Limits(model_timeout=60))
+    first = asyncio.run(agent.run("x"))
+    second = asyncio.run(agent.run("y"))
+    assert (first.answer, second.answer) == ("one", "two")
+
+
+async def test_other_tasks_run_at_each_tool_call_of_a_run_that_never_waits() -> None:
+    ticks = 0
+    seen: list[int] = []
+
+    def look() -> int:
+        """Look at the ticker."""
+        seen.append(ticks)
+        return len(seen)
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    model = ScriptedModel([*(call("look") for _ in range(3)), "done"])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await anyio.lowlevel.checkpoint()
+        report = await Agent("a", model, tools=[look], limits=Limits(max_repeats=10)).run("x")
+        tg.cancel_scope.cancel()
+    assert report.ok
+    assert seen[0] < seen[1] < seen[2]  # the ticker ran between one step's call and the next
+
+
+async def test_a_cancellation_lands_at_a_lone_tool_calls_checkpoint() -> None:
+    ran: list[str] = []
+
+    def never() -> str:
+        """Never reached."""
+        ran.append("never")
+        return "ran"
+
+    model = ScriptedModel([call("never"), "done"])
+    with anyio.CancelScope() as scope:
+        scope.cancel()  # pending before the run starts: the first checkpoint takes it
+        await Agent("a", model, tools=[never]).run("x")
+    assert scope.cancelled_caught and ran == []
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        "{}",
+        '{"i": 5}',
+        '{"b": 1, "a": [1.5, {"z": null, "y": true}], "e": "\\u00e9\\u2028"}',
+        '{"x": 1e300, "n": -0.0, "big": 123456789012345678901234567890, "s": "\\"q\\""}',
+        '{ "spaced" :  [ 1 , 2 ] }',
+    ],
+)
+def test_a_signature_from_parsed_arguments_is_the_same(arguments: str) -> None:
+    tool_call = ToolCall(id="c", name="t", arguments=arguments)
+    assert _signature_of(tool_call, json.loads(arguments)) == signature(tool_call)
