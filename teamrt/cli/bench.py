@@ -958,7 +958,10 @@ class Bench:
     async def teams(self) -> None:
         """Teams of 10, 100 and 1,000 idle teammates in this process, beside a team of 2: the
         CPU they cost while idle, and the round trip of a task to one of them. Every round starts
-        each team in turn (they cannot run side by side: each one's idle CPU is measured alone)."""
+        each team in turn (they cannot run side by side: each one's idle CPU is measured alone),
+        and measures this process idle with no team first: on a VM the CPU time charged to a
+        process that only sleeps is not zero (0.2-0.8% of a core has been seen for one bare
+        `asyncio.sleep`), so a team's idle cost is judged above that floor."""
         sizes = (2, *self.sizes.teammates)
         largest = max(sizes)
         idle = 0.3 if self.smoke else 1.0
@@ -966,6 +969,9 @@ class Bench:
         t = Tally()
         once: dict[str, float] = {}
         for index in self.each_round():
+            with clock() as c:
+                await anyio.sleep(idle)
+            t.add("idle0", c.cpu / c.wall * 100)
             for members in sizes:
                 first = index == 0 and members == largest
                 got = await self._team_round(members, idle=idle, asks=asks, once=first)
@@ -973,13 +979,13 @@ class Bench:
                 t.add(f"wake{members}", got["p50"])
                 if first:
                     once = got
-        for members in sizes[1:]:
+        for members in sizes:
             self.add(
                 t.figure(
                     f"{members:,} idle teammates: CPU while idle",
-                    *(f"idle{members}", "%", "a team of 2", "idle2"),
-                    target="< 0.5% of a core",
-                    check=lambda f: f.value < 0.5,
+                    *(f"idle{members}", "%", "this process idle, no team", "idle0"),
+                    target="< 0.5% of a core above it",
+                    check=lambda f: f.value - (f.baseline_value or 0) < 0.5,
                 )
             )
         for members in sizes[1:]:
