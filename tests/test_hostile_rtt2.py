@@ -60,7 +60,7 @@ from teamrt.mail.filestore import fileio
 from teamrt.mail.filestore.paths import FIRST_READ, READ_CHUNK
 from teamrt.mail.filestore.reader import FileReader, read_cursor
 from teamrt.mail.filestore.store import FileStore
-from teamrt.mail.inbox import Inbox
+from teamrt.mail.inbox import Inbox, InboxStatistics
 from teamrt.mail.log import decode_line, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.memory import MemoryStore
@@ -585,6 +585,15 @@ async def test_a_request_to_oneself_shares_the_inbox_with_its_own_receiver(
 # --- routed answers and their acks -----------------------------------------------------------
 
 
+async def _restart_gets_nothing(backing: Backing) -> InboxStatistics:
+    """The next process of the team: nothing comes to the lead's receive(); its statistics."""
+    async with backing.open() as mail:
+        lead = await mail.open_inbox("lead")
+        with pytest.raises(ReceiveTimeout):
+            await lead.receive(timeout=0.1)
+        return lead.statistics()
+
+
 async def _ask_once(mail: Mailboxes, body: object = "q") -> tuple[Request, Response]:
     """One request from the lead, answered by the worker (its request acked)."""
     worker = await mail.open_inbox("worker")
@@ -606,11 +615,7 @@ async def test_an_answer_is_not_received_again_after_a_clean_exit(
         async with backing.open(commit_delay=commit_delay) as mail:
             await mail.open_inbox("lead")
             await _ask_once(mail)
-        async with backing.open() as mail:
-            lead = await mail.open_inbox("lead")
-            with pytest.raises(ReceiveTimeout):
-                await lead.receive(timeout=0.1)  # the answer again?
-            assert lead.statistics().unacked == 0
+        assert (await _restart_gets_nothing(backing)).unacked == 0  # not the answer again
 
 
 async def test_a_routed_answer_is_committed_in_the_background_when_nothing_else_happens(
@@ -677,10 +682,7 @@ async def test_duplicate_answers_never_reach_receive(backing: Backing) -> None:
             stats = lead.statistics()
             assert (stats.duplicates_dropped, stats.duplicate_responses) == (2, 2)
             assert stats.unacked == 0 and stats.late_responses == 0
-        async with backing.open() as mail:
-            lead = await mail.open_inbox("lead")
-            with pytest.raises(ReceiveTimeout):
-                await lead.receive(timeout=0.1)
+        await _restart_gets_nothing(backing)
 
 
 async def test_an_answer_routed_while_a_commit_is_in_flight_is_committed_after_it(
@@ -717,10 +719,7 @@ async def test_an_answer_routed_while_a_commit_is_in_flight_is_committed_after_i
             await lead.flush()
             assert lead.statistics().unacked == 0
             assert calls >= 2
-        async with backing.open() as mail:
-            lead = await mail.open_inbox("lead")
-            with pytest.raises(ReceiveTimeout):
-                await lead.receive(timeout=0.1)
+        await _restart_gets_nothing(backing)
 
 
 async def test_the_answer_a_request_returned_cannot_be_released_to_receive(
@@ -808,10 +807,7 @@ async def test_a_second_answer_read_after_the_last_commit_is_committed_before_ex
                 await lead.receive(timeout=0.1)
             assert lead.statistics().duplicate_responses == 1
             await lead.flush()
-        async with backing.open() as mail:
-            lead = await mail.open_inbox("lead")
-            with pytest.raises(ReceiveTimeout):
-                await lead.receive(timeout=0.1)  # the second answer again?
+        await _restart_gets_nothing(backing)  # not the second answer again
 
 
 async def test_a_process_killed_right_after_its_request_returned(tmp_path: Path) -> None:

@@ -173,13 +173,13 @@ _canonical_chunks: Any = (
 def signature(call: ToolCall) -> str:
     """A tool call's identity for loop detection: name and canonical arguments."""
     try:
-        canonical = _CANONICAL_JSON.encode(json.loads(call.arguments or "{}"))
+        arguments = json.loads(call.arguments or "{}")
     except ValueError:
-        canonical = call.arguments
-    return f"{call.name}({canonical})"
+        return f"{call.name}({call.arguments})"
+    return _signature_of(call, arguments)
 
 
-def _signature_of(call: ToolCall, arguments: dict[str, Any]) -> str:
+def _signature_of(call: ToolCall, arguments: Any) -> str:
     """`signature(call)` given its arguments as parsed already."""
     if _canonical_chunks is None:
         return f"{call.name}({_CANONICAL_JSON.encode(arguments)})"
@@ -674,9 +674,8 @@ class Agent:
 
     async def _compact_in_time(self, state: AgentState) -> bool:
         """`_compact` under the same rules as a model call (a summariser is a model): the
-        deadlines and `model_timeout` stop it, and its failure is a `model_error` stop."""
-        if not self.memory.over_budget(state.context_tokens):
-            return False  # the common case: nothing to summarise, so nothing to time
+        deadlines and `model_timeout` stop it, and its failure is a `model_error` stop. Called
+        only when the context is over budget (the loop checks, without making this coroutine)."""
         left, passed = self._time_left()
         per_call = self.limits.model_timeout
         bound = min(left, per_call if per_call is not None else math.inf)
