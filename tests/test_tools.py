@@ -118,3 +118,66 @@ def test_bad_tool_definitions() -> None:
     with pytest.raises(UsageError, match="two tools are named 'search'"):
         Toolbox([search, search])
     assert isinstance(Toolbox([lambda x: x]).get("<lambda>"), Tool)
+
+
+class _Shown:
+    def __str__(self) -> str:
+        return "shown ü"
+
+
+_RESULTS: list[object] = [
+    0,
+    -12345678901234567890123,
+    1.5,
+    float("inf"),
+    float("nan"),
+    None,
+    True,
+    [1, "two", 3.0, None],
+    (1, 2),
+    {"é": "ü\u2028\U0001f600", "nested": {"deep": [{"a": []}]}, "q": '"quoted"\\'},
+    {1: "int key", 2.5: "float key", None: "none key", False: "bool key"},
+    {"when": _Shown(), "set": frozenset()},
+]
+
+
+@pytest.mark.parametrize("value", _RESULTS, ids=[type(v).__name__ for v in _RESULTS])
+@pytest.mark.parametrize("inline", [True, False], ids=["sync", "async"])
+async def test_a_result_reads_as_json_dumps_would_write_it(value: object, inline: bool) -> None:
+    def give_sync() -> object:
+        """Give the value."""
+        return value
+
+    async def give_async() -> object:
+        """Give the value."""
+        return value
+
+    box = Toolbox([tool(give_sync if inline else give_async, name="give")])
+    result = await box.run(_call("give", "{}"))
+    assert result.ok
+    assert result.content == json.dumps(value, default=str, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["sync", "async"])
+async def test_a_result_that_cannot_be_encoded_is_the_tools_failure_not_a_crash(
+    inline: bool,
+) -> None:
+    cyclic: list[object] = []
+    cyclic.append(cyclic)
+
+    def give_sync() -> object:
+        """Give a cycle."""
+        return cyclic
+
+    async def give_async() -> object:
+        """Give a cycle."""
+        return cyclic
+
+    box = Toolbox([tool(give_sync if inline else give_async, name="give")])
+    result = await box.run(_call("give", "{}"))
+    assert not result.ok
+    assert json.loads(result.content) == {
+        "error": "ValueError: the result could not be encoded as JSON: Circular reference detected"
+    }
+    again = await box.run(_call("give", "{}"))  # no encoder state left over from the failure
+    assert again.content == result.content

@@ -24,7 +24,7 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, get_type_hints, overload
+from typing import Any, NoReturn, get_type_hints, overload
 
 import anyio
 import anyio.to_process
@@ -37,6 +37,20 @@ DEFAULT_MAX_OUTPUT = 8000  # characters of a tool result the model gets to see
 
 # what `json.dumps(value, default=str, ensure_ascii=False)` makes, without a new encoder each time
 _RESULT_JSON = json.JSONEncoder(default=str, ensure_ascii=False)
+# the same encoder's C core, made per result (a fresh `markers` dict finds cycles) without the
+# Python set-up `JSONEncoder.encode` does each time; None where the C accelerator is missing
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+
+
+def _result_json(value: Any) -> str:
+    """`json.dumps(value, default=str, ensure_ascii=False)`, byte for byte."""
+    if _make_encoder is None:
+        return _RESULT_JSON.encode(value)
+    chunks = _make_encoder(
+        {}, str, json.encoder.encode_basestring, None, ": ", ", ", False, False, True
+    )
+    return "".join(chunks(value, 0))
+
 
 _current_call: contextvars.ContextVar[ToolCall | None] = contextvars.ContextVar(
     "teamrt_current_call", default=None
@@ -106,6 +120,12 @@ class Tool:
         except ValidationError as exc:
             return _error("ValidationError", _validation_message(exc))
 
+    @functools.cached_property
+    def _inline(self) -> bool:
+        """Whether a call runs on the event loop to its end without awaiting: a plain sync
+        function (not `thread`, not `process`)."""
+        return not (self.is_async or self.thread or self.process)
+
     async def call(self, args: BaseModel) -> ToolResult:
         """Run the tool on validated arguments; exceptions come back as an error result.
 
@@ -114,6 +134,8 @@ class Tool:
         tool is abandoned (Python cannot stop a thread: its late result is discarded) and a
         `process=True` tool's worker process is killed.
         """
+        if self._inline:
+            return self._call_inline(args)
         if self.gate is not None and (refusal := self.gate()) is not None:
             return _error("PermissionError", refusal)
         kwargs = {name: getattr(args, name) for name in self._arg_names}
@@ -125,21 +147,45 @@ class Tool:
                 result = await anyio.to_process.run_sync(
                     _run_in_process, target, kwargs, _current_call.get(), cancellable=True
                 )
-            elif self.thread:
+            else:
                 result = await anyio.to_thread.run_sync(
                     lambda: self.fn(**kwargs), abandon_on_cancel=True
                 )
-            else:
-                result = self.fn(**kwargs)
         except Exception as exc:  # the tool's failure is data for the model, by design
             return _error(type(exc).__name__, str(exc))
         except BaseException as exc:
-            if isinstance(exc, anyio.get_cancelled_exc_class()) and cancelled_for_real():
-                raise
-            raise ToolCrashed(f"tool {self.name} raised {type(exc).__name__}: {exc}") from exc
+            self._crashed(exc)
         if isinstance(result, _Exited):  # from a worker process, which stays alive
             raise ToolCrashed(f"tool {self.name} raised {result.kind}: {result.message}")
-        return ToolResult(self._render(result), ok=True)
+        return self._result(result)
+
+    def _call_inline(self, args: BaseModel) -> ToolResult:
+        """`call` for a plain sync function: run here, with no coroutine of its own."""
+        if self.gate is not None and (refusal := self.gate()) is not None:
+            return _error("PermissionError", refusal)
+        kwargs = {name: getattr(args, name) for name in self._arg_names}
+        try:
+            result = self.fn(**kwargs)
+        except Exception as exc:  # the tool's failure is data for the model, by design
+            return _error(type(exc).__name__, str(exc))
+        except BaseException as exc:
+            self._crashed(exc)
+        return self._result(result)
+
+    def _crashed(self, exc: BaseException) -> NoReturn:
+        """A `BaseException` out of the tool: a cancellation of this task goes on as it is;
+        anything else (`SystemExit`, a cancellation the tool raised itself) is a crash."""
+        if isinstance(exc, anyio.get_cancelled_exc_class()) and cancelled_for_real():
+            raise exc
+        raise ToolCrashed(f"tool {self.name} raised {type(exc).__name__}: {exc}") from exc
+
+    def _result(self, result: Any) -> ToolResult:
+        """The tool's return value as the model reads it; one that does not encode (a cycle,
+        say) is the tool's failure, as data."""
+        try:
+            return ToolResult(self._render(result), ok=True)
+        except ValueError as exc:
+            return _error(type(exc).__name__, f"the result could not be encoded as JSON: {exc}")
 
     def _render(self, result: Any) -> str:
         if isinstance(result, str):
@@ -147,7 +193,7 @@ class Tool:
         elif isinstance(result, BaseModel):
             text = result.model_dump_json()
         else:
-            text = _RESULT_JSON.encode(result)
+            text = _result_json(result)
         if len(text) > self.max_output:
             dropped = len(text) - self.max_output
             text = f"{text[: self.max_output]}... [cut {dropped} of {len(text)} characters]"
@@ -303,7 +349,7 @@ class Toolbox:
             return args
         token = _current_call.set(call)
         try:
-            return await found.call(args)
+            return found._call_inline(args) if found._inline else await found.call(args)
         finally:
             _current_call.reset(token)
 
