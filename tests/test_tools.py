@@ -152,7 +152,7 @@ async def test_a_result_reads_as_json_dumps_would_write_it(value: object, inline
         """Give the value."""
         return value
 
-    box = Toolbox([tool(give_sync if inline else give_async, name="give")])
+    box = Toolbox([tool(name="give")(give_sync if inline else give_async)])
     result = await box.run(_call("give", "{}"))
     assert result.ok
     assert result.content == json.dumps(value, default=str, ensure_ascii=False)
@@ -173,7 +173,7 @@ async def test_a_result_that_cannot_be_encoded_is_the_tools_failure_not_a_crash(
         """Give a cycle."""
         return cyclic
 
-    box = Toolbox([tool(give_sync if inline else give_async, name="give")])
+    box = Toolbox([tool(name="give")(give_sync if inline else give_async)])
     result = await box.run(_call("give", "{}"))
     assert not result.ok
     assert json.loads(result.content) == {

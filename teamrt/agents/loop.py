@@ -32,7 +32,7 @@ import math
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -265,16 +265,45 @@ class SharedBudget(Protocol):
     async def charge(self, usage: Usage, cost: float | None) -> None: ...
 
 
-@dataclass
 class _StepWork:
     """What one step's tool calls produced, in call order."""
 
-    results: dict[str, ChatMessage] = field(default_factory=dict)
-    reply_calls: tuple[ToolCall, ...] = ()
-    appended: list[ChatMessage] = field(default_factory=list)  # after the results
-    arguments: list[dict[str, Any]] = field(default_factory=list)  # of the calls, parsed
-    calls: list[str] = field(default_factory=list)  # signatures counted for repeats
-    digests: list[str] = field(default_factory=list)
+    __slots__ = ("appended", "arguments", "calls", "digests", "reply_calls", "results")
+
+    def __init__(self, results: dict[str, ChatMessage], reply_calls: tuple[ToolCall, ...]):
+        self.results = results
+        self.reply_calls = reply_calls
+        self.appended: list[ChatMessage] = []  # after the results
+        self.arguments: list[dict[str, Any]] = []  # of the calls, parsed
+        self.calls: list[str] = []  # signatures counted for repeats
+        self.digests: list[str] = []
+
+
+class _ResultIndex:
+    """A state's recent result digests (`AgentState.seen_results`, a list: what is saved) as a
+    set as well, for the no-progress check (a scan of 256 digests cost more than the rest of
+    the check). Made again when the state, or its list, is another one."""
+
+    __slots__ = ("_results", "_set")
+
+    def __init__(self) -> None:
+        self._results: list[str] | None = None
+        self._set: set[str] = set()
+
+    def is_new(self, state: AgentState, digest: str) -> bool:
+        """`state.is_new_result(digest)`, by the set."""
+        results = state.seen_results
+        seen = self._set
+        if results is not self._results or len(seen) != len(results):
+            self._results, seen = results, set(results)
+            self._set = seen
+        if digest in seen:
+            return False
+        seen.add(digest)
+        dropped = state.remember_result(digest)
+        if dropped is not None:
+            seen.discard(dropped)
+        return True
 
 
 class Agent:
@@ -342,6 +371,7 @@ class Agent:
             raise UsageError("max_parallel_tools must be at least 1")
         self._parallel = anyio.CapacityLimiter(max_parallel_tools)
         self._model_deadlines = _CallDeadlines()
+        self._results = _ResultIndex()
         if directory is not None:
             checkpoint = checkpoint or Path(directory) / f"{name}.state.jsonl"
             transcript = transcript or Path(directory) / f"{name}.transcript.jsonl"
@@ -638,7 +668,10 @@ class Agent:
                 self.transcript.record(
                     state.steps + 1, state.messages, reply, replaced, typed, output is not None
                 )
-            await self._charge(state, reply.usage, self.model.name)
+            if self.budget is None:
+                self._count(state, reply.usage, self.model.name)
+            else:
+                await self._charge(state, reply.usage, self.model.name)
             state.steps += 1
             open_step = OpenStep(reply=reply.as_message(), finish_reason=reply.finish_reason)
             handled = self.inbound.handled() if self.inbound is not None else []
@@ -729,6 +762,13 @@ class Agent:
             state.cost += cost
 
     async def _charge(self, state: AgentState, usage: Usage, model: str) -> None:
+        cost = self._count(state, usage, model)
+        if self.budget is not None:
+            with anyio.CancelScope(shield=True):  # spent is spent: the ledger must say so
+                await self.budget.charge(usage, cost)
+
+    def _count(self, state: AgentState, usage: Usage, model: str) -> float | None:
+        """Add a call's usage and cost to the run's; its cost (None: unknown)."""
         state.usage = state.usage + usage
         cost = cost_of(usage, model, self.prices)
         if cost is None:
@@ -736,9 +776,7 @@ class Agent:
                 state.cost_known = False
         elif cost:
             state.cost += cost
-        if self.budget is not None:
-            with anyio.CancelScope(shield=True):  # spent is spent: the ledger must say so
-                await self.budget.charge(usage, cost)
+        return cost
 
     def _time_left(self) -> tuple[float, Callable[[str], LimitExceeded]]:
         """Seconds until the nearest deadline (the run's, or a shared budget's), and the error
@@ -782,28 +820,29 @@ class Agent:
         if self.limits.max_model_time is not None:  # what is left of the task's model time
             rest = max(0.0, self.limits.max_model_time - state.model_time)
             per_call = rest if per_call is None else min(per_call, rest)
+        bound = min(left, per_call if per_call is not None else math.inf)
         started = self.clock()
         try:
-            timeout = self._model_deadlines.start(
-                min(left, per_call if per_call is not None else math.inf)
-            )
-            try:
-                async with timeout:
-                    if output is None and self.on_event is None and not telemetry.enabled():
-                        reply = await self.model.complete(state.messages, specs)  # _complete's
-                    else:
-                        reply = await self._complete(state, specs, output)
+            if bound == math.inf:  # no deadline: no timeout to enter and leave
+                reply = await self._asking(state, specs, output)
+            else:
+                timeout = self._model_deadlines.start(bound)
+                try:
+                    async with timeout:
+                        reply = await self._asking(state, specs, output)
+                except TimeoutError:
+                    if not timeout.expired():
+                        raise  # the model's own, not the deadline
+                    reply = None
+                finally:
+                    self._model_deadlines.finish()
+            if reply is not None:
                 state.attempts += reply.attempts
                 if reply.rate_limited:
                     state.rate_limited += reply.rate_limited
                 if reply.usage_estimated and not state.usage_estimated:
                     state.usage_estimated = True
                 return reply
-            except TimeoutError:
-                if not timeout.expired():
-                    raise  # the model's own, not the deadline
-            finally:
-                self._model_deadlines.finish()
             if per_call is not None and per_call < left:
                 model_time = state.model_time + self.clock() - started
                 limit = self.limits.max_model_time
@@ -845,6 +884,15 @@ class Agent:
         finally:
             state.model_time += self.clock() - started
         return None
+
+    def _asking(
+        self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None
+    ) -> Awaitable[ModelReply]:
+        """The model call to await: `_complete`'s, or the model's own when that is all it
+        would do (no answer schema, no listener, no telemetry: no coroutine in between)."""
+        if output is None and self.on_event is None and not telemetry.enabled():
+            return self.model.complete(state.messages, specs)
+        return self._complete(state, specs, output)
 
     async def _complete(
         self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None
@@ -1100,7 +1148,7 @@ class Agent:
             elif state.consecutive_errors:  # (a pydantic field: set only when it changes)
                 state.consecutive_errors = 0
             digest = _digest(content)
-            if state.is_new_result(digest):
+            if self._results.is_new(state, digest):
                 work.digests.append(digest)
                 learned = True
         if state.stop is not None:
@@ -1318,16 +1366,16 @@ class _CallDeadlines:
         self._when = math.inf
 
     def start(self, seconds: float) -> asyncio.Timeout:
-        """The timeout of a call to start now (`math.inf`: one that never expires)."""
+        """The timeout of a call to start now, to end within `seconds` (finite: a call with
+        no deadline needs no timeout)."""
         timeout = asyncio.timeout(None)
-        if seconds < math.inf:
-            loop = asyncio.get_running_loop()
-            self._running, self._when = timeout, loop.time() + seconds
-            handle = self._handle
-            if handle is None or handle.when() > self._when:
-                if handle is not None:
-                    handle.cancel()
-                self._handle = loop.call_at(self._when, self._fire)
+        loop = asyncio.get_running_loop()
+        self._running, self._when = timeout, loop.time() + seconds
+        handle = self._handle
+        if handle is None or handle.when() > self._when:
+            if handle is not None:
+                handle.cancel()
+            self._handle = loop.call_at(self._when, self._fire)
         return timeout
 
     def finish(self) -> None:

@@ -108,12 +108,19 @@ class AgentState(BaseModel):
             del self.handled[: len(self.handled) - HANDLED_MEMORY]
 
     def is_new_result(self, digest: str) -> bool:
+        """Whether a tool result (its digest) is new among the recent ones; then remember it."""
         if digest in self.seen_results:
             return False
+        self.remember_result(digest)
+        return True
+
+    def remember_result(self, digest: str) -> str | None:
+        """Remember a new result's digest; returns the oldest one, if it was forgotten to keep
+        the memory within `PROGRESS_MEMORY`."""
         self.seen_results.append(digest)
         if len(self.seen_results) > PROGRESS_MEMORY:
-            del self.seen_results[0]
-        return True
+            return self.seen_results.pop(0)
+        return None
 
 
 class RunReport(BaseModel):
