@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Sequence
 
 import anyio
@@ -13,7 +14,8 @@ import anyio.lowlevel
 import pytest
 
 from teamrt.agents import Agent, Limits
-from teamrt.agents.loop import _signature_of, signature
+from teamrt.agents.loop import _ResultIndex, _signature_of, signature
+from teamrt.agents.state import PROGRESS_MEMORY, AgentState
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ScriptedModel, ToolSpec, call
 from teamrt.models.base import ToolCall
 
@@ -118,3 +120,22 @@ def test_a_signature_from_parsed_arguments_is_the_same(arguments: str) -> None:
     canonical = f"t({json.dumps(json.loads(arguments), sort_keys=True)})"
     assert _signature_of(tool_call, json.loads(arguments)) == canonical
     assert signature(tool_call) == canonical
+
+
+def test_the_loops_result_index_agrees_with_the_states_list() -> None:
+    # digests come back after falling out of the bounded memory, and the index follows the
+    # state it is asked about: another state, or the same state with its list replaced
+    rng = random.Random(7)
+    index = _ResultIndex()
+    by_index = AgentState(agent="a", task="t", messages=[])
+    by_list = AgentState(agent="a", task="t", messages=[])
+    for step in range(3000):
+        digest = f"d{rng.randrange(PROGRESS_MEMORY * 2)}"
+        if step == 1000:  # a restored state: a copy of the list, in a new object
+            by_index = by_index.model_copy(deep=True)
+        if step == 2000:  # as long as before, other digests
+            by_list.seen_results = [f"x{i}" for i in range(PROGRESS_MEMORY)]
+            by_index.seen_results = list(by_list.seen_results)
+        assert index.is_new(by_index, digest) == by_list.is_new_result(digest), step
+        assert by_index.seen_results == by_list.seen_results
+    assert len(by_list.seen_results) == PROGRESS_MEMORY
