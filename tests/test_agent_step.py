@@ -5,18 +5,30 @@ its signature. Each keeps what the long way did."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 from collections.abc import Sequence
 
 import anyio
 import anyio.lowlevel
+import openai
 import pytest
 
-from teamrt.agents import Agent, Limits
+from teamrt.agents import Agent, Limits, tool
 from teamrt.agents.loop import _ResultIndex, _signature_of, signature
 from teamrt.agents.state import PROGRESS_MEMORY, AgentState
-from teamrt.models import ChatMessage, FunctionModel, ModelReply, ScriptedModel, ToolSpec, call
+from teamrt.models import (
+    ChatMessage,
+    FunctionModel,
+    Model,
+    ModelReply,
+    OpenAIModel,
+    ScriptedModel,
+    ToolSpec,
+    call,
+    calls,
+)
 from teamrt.models.base import ToolCall
 
 
@@ -64,7 +76,15 @@ def test_an_agent_runs_again_on_another_event_loop() -> None:
     assert (first.answer, second.answer) == ("one", "two")
 
 
-async def test_other_tasks_run_at_each_tool_call_of_a_run_that_never_waits() -> None:
+def _never_waits(replies: list[ModelReply | str]) -> FunctionModel:
+    """A model that answers at once: its calls never yield to the event loop."""
+    left = iter(replies)
+    return FunctionModel(lambda messages, tools: next(left))
+
+
+async def _ticks_at_each_call(model: Model, calls: int) -> list[int]:
+    """Run `model` (which calls the tool `look` `calls` times, one call a step) beside a task
+    that counts event-loop passes; the count each call saw."""
     ticks = 0
     seen: list[int] = []
 
@@ -79,17 +99,68 @@ async def test_other_tasks_run_at_each_tool_call_of_a_run_that_never_waits() -> 
             ticks += 1
             await anyio.lowlevel.checkpoint()
 
-    model = ScriptedModel([*(call("look") for _ in range(3)), "done"])
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
         await anyio.lowlevel.checkpoint()
-        report = await Agent("a", model, tools=[look], limits=Limits(max_repeats=10)).run("x")
+        limits = Limits(max_repeats=calls + 1)
+        report = await Agent("a", model, tools=[look], limits=limits).run("x")
         tg.cancel_scope.cancel()
-    assert report.ok
-    assert seen[0] < seen[1] < seen[2]  # the ticker ran between one step's call and the next
+    assert report.ok and len(seen) == calls
+    return seen
 
 
-async def test_a_cancellation_lands_at_a_lone_tool_calls_checkpoint() -> None:
+async def test_other_tasks_run_at_each_tool_call_of_a_run_that_never_waits() -> None:
+    # neither the model nor the tool yields: the loop's own checkpoint lets the ticker run
+    seen = await _ticks_at_each_call(_never_waits([*(call("look") for _ in range(3)), "done"]), 3)
+    assert [b - a for a, b in itertools.pairwise(seen)] == [1, 1]
+
+
+async def test_a_step_whose_model_call_suspends_makes_one_event_loop_pass_not_two() -> None:
+    # the scripted model yields once per call, as a model over the network does: the loop adds
+    # no checkpoint of its own before the step's tool call, so each step is one pass
+    model = ScriptedModel([*(call("look") for _ in range(3)), "done"])
+    assert model.suspends
+    seen = await _ticks_at_each_call(model, 3)
+    assert [b - a for a, b in itertools.pairwise(seen)] == [1, 1]
+
+
+async def test_the_second_lone_call_of_a_step_still_passes_a_checkpoint() -> None:
+    # two calls to a sequential tool in one reply run one after the other, each alone: the
+    # model's suspension stands for the first call's checkpoint only
+    ticks = 0
+    seen: list[int] = []
+
+    @tool(sequential=True)
+    def look(n: int) -> int:
+        """Look at the ticker."""
+        seen.append(ticks)
+        return n
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    model = ScriptedModel([calls(call("look", n=1), call("look", n=2)), "done"])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await anyio.lowlevel.checkpoint()
+        report = await Agent("a", model, tools=[look]).run("x")
+        tg.cancel_scope.cancel()
+    assert report.ok and seen[1] == seen[0] + 1
+
+
+def test_an_openai_model_suspends_only_with_the_client_it_makes() -> None:
+    own = OpenAIModel("m", base_url="http://127.0.0.1:9/v1", api_key="k")
+    given = OpenAIModel(
+        "m", client=openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k")
+    )
+    assert (own.suspends, given.suspends) == (True, False)
+
+
+@pytest.mark.parametrize("suspends", [True, False], ids=["model suspends", "model never waits"])
+async def test_a_pending_cancellation_lands_before_the_first_tool_call(suspends: bool) -> None:
     ran: list[str] = []
 
     def never() -> str:
@@ -97,7 +168,8 @@ async def test_a_cancellation_lands_at_a_lone_tool_calls_checkpoint() -> None:
         ran.append("never")
         return "ran"
 
-    model = ScriptedModel([call("never"), "done"])
+    script: list[ModelReply | str] = [call("never"), "done"]
+    model = ScriptedModel(script) if suspends else _never_waits(script)
     with anyio.CancelScope() as scope:
         scope.cancel()  # pending before the run starts: the first checkpoint takes it
         await Agent("a", model, tools=[never]).run("x")

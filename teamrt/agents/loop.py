@@ -268,11 +268,26 @@ class SharedBudget(Protocol):
 class _StepWork:
     """What one step's tool calls produced, in call order."""
 
-    __slots__ = ("appended", "arguments", "calls", "digests", "reply_calls", "results")
+    __slots__ = (
+        "appended",
+        "arguments",
+        "calls",
+        "checkpointed",
+        "digests",
+        "reply_calls",
+        "results",
+    )
 
-    def __init__(self, results: dict[str, ChatMessage], reply_calls: tuple[ToolCall, ...]):
+    def __init__(
+        self,
+        results: dict[str, ChatMessage],
+        reply_calls: tuple[ToolCall, ...],
+        checkpointed: bool = False,
+    ):
         self.results = results
         self.reply_calls = reply_calls
+        # a checkpoint was passed since the last tool call (the step's model call suspended)
+        self.checkpointed = checkpointed
         self.appended: list[ChatMessage] = []  # after the results
         self.arguments: list[dict[str, Any]] = []  # of the calls, parsed
         self.calls: list[str] = []  # signatures counted for repeats
@@ -630,6 +645,7 @@ class Agent:
             return elapsed_before + self.clock() - started
 
         self._elapsed = elapsed
+        suspends = getattr(self.model, "suspends", False) is True  # each call yields (`Model`)
 
         while state.stop is None:
             if state.open_step is not None:  # resumed between a reply and its results
@@ -685,7 +701,7 @@ class Agent:
                 self.inbound.recorded()  # what it delivered is in the journal now
             state.open_step = open_step
             state.elapsed = elapsed()
-            await self._finish_step(state, open_step)
+            await self._finish_step(state, open_step, suspends)
         state.elapsed = elapsed()
         if self.journal is not None and state.stop is not None and state.stop.reason != "shutdown":
             self.journal.stop(state)  # a shutdown leaves the task open: the next one resumes it
@@ -960,11 +976,14 @@ class Agent:
             raise ModelError(f"{self.model.name}: the stream ended without a reply")
         return reply
 
-    async def _finish_step(self, state: AgentState, step: OpenStep) -> None:
+    async def _finish_step(
+        self, state: AgentState, step: OpenStep, checkpointed: bool = False
+    ) -> None:
         """Act on a recorded reply: run its tool calls (those without a result yet), then
-        close the step in the state and the journal."""
+        close the step in the state and the journal. `checkpointed`: the reply's model call
+        suspended (see `Model`), so the first call to run alone needs no checkpoint of its own."""
         reply = step.reply
-        work = _StepWork(results=dict(step.results), reply_calls=reply.tool_calls)
+        work = _StepWork(dict(step.results), reply.tool_calls, checkpointed)
         decision = _decide(reply.content, reply.tool_calls, step.finish_reason, work.arguments)
         if self._output is not None and any(c.name == FINAL_TOOL for c in reply.tool_calls):
             state.nudges = 0
@@ -1212,9 +1231,13 @@ class Agent:
     ) -> None:
         """Run one call and record its result, announced to listeners before and after. A call
         run `alone` first passes a checkpoint (other tasks run; a cancellation lands before the
-        call is announced), as one under the limiter does in taking it."""
+        call is announced), as one under the limiter does in taking it, unless the step passed
+        one since its last call (its model call suspended: the first call needs none)."""
         if alone:
-            await asyncio.sleep(0)  # anyio's checkpoint on asyncio, without its look-ups
+            if work.checkpointed:
+                work.checkpointed = False
+            else:
+                await asyncio.sleep(0)  # anyio's checkpoint on asyncio, without its look-ups
         found = self.toolbox.get(call.name)
         waits = found is not None and found.waits
         keyed = call

@@ -161,7 +161,15 @@ class StreamingModel(Protocol):
 
 @runtime_checkable
 class Model(Protocol):
-    """Anything that can continue a conversation."""
+    """Anything that can continue a conversation.
+
+    A model whose every `complete()` (and `stream()`) suspends at least once, yielding to the
+    event loop (a request over the network, say), may say so with an attribute
+    `suspends = True`: the agent loop then adds no event-loop pass of its own before the step's
+    first tool call (other tasks ran, and a cancellation landed, during the model call). Without
+    it the loop passes a checkpoint before each tool call that runs alone, so a run whose model
+    and tools never wait still lets other tasks run and can be cancelled at every step.
+    """
 
     @property
     def name(self) -> str:

@@ -4,6 +4,7 @@ function. Both are part of the public API and never touch the network.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import itertools
 import json
@@ -95,7 +96,12 @@ class ScriptedModel:
     answer's schema with each call (kept in `outputs`, one per call) and takes the scripted
     text as the JSON answer; by default a typed agent offers it a `final_answer` tool instead,
     which the script calls (`call("final_answer", total=12)`).
+
+    Each call yields to the event loop once, before it takes its reply, as a model over the
+    network does (`suspends`): other tasks run, and a cancellation lands, at every call.
     """
+
+    suspends = True  # each call passes a checkpoint (see `Model`)
 
     def __init__(
         self,
@@ -134,6 +140,7 @@ class ScriptedModel:
         *,
         output: OutputSpec | None = None,
     ) -> ModelReply:
+        await asyncio.sleep(0)  # a checkpoint, before the script is touched
         step = self._used
         if step >= len(self._script):
             raise ScriptExhausted(

@@ -126,6 +126,13 @@ class OpenAIModel:
         """Whether typed answers are asked for with the server's structured output."""
         return self._structured
 
+    @property
+    def suspends(self) -> bool:
+        """Whether every call yields to the event loop (see `Model`): with the client this
+        model makes, each call waits for an HTTP response; a client passed in may be one that
+        answers without waiting (a test double), so the agent loop keeps its own checkpoint."""
+        return self._owns_client
+
     def _get_client(self) -> openai.AsyncOpenAI:
         if self._client is None:
             key = self._api_key or os.environ.get("OPENAI_API_KEY")
