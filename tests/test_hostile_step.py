@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pydantic import BaseModel
 
 from teamrt import telemetry
-from teamrt.agents import Agent, Limits, tool
+from teamrt.agents import Agent, Limits, ToolCallStarted, tool
 from teamrt.agents.loop import _ResultIndex
 from teamrt.agents.state import PROGRESS_MEMORY, AgentState
 from teamrt.agents.tools import Toolbox, current_call_id
@@ -35,6 +35,7 @@ from teamrt.models import (
     FunctionModel,
     ModelReply,
     ScriptedModel,
+    TextDelta,
     ToolSpec,
     Usage,
     call,
@@ -608,20 +609,75 @@ async def test_usage_and_cost_are_the_same_with_and_without_a_shared_budget() ->
     assert sum((u for u, _ in budget.charged), Usage()) == together.usage
 
 
-async def test_a_charge_to_the_shared_budget_finishes_when_the_run_is_cancelled() -> None:
-    # spent is spent: the ledger is charged even when a cancellation comes during the charge
+async def test_a_cancellation_during_the_budget_charge_lands_before_the_tool_runs() -> None:
+    # spent is spent: the charge is shielded and finishes; the cancellation it held back (a
+    # team's shutdown, say) must land before the step's tool call is started, though the
+    # model's call suspended before the charge
+    ran: list[str] = []
     budget = _Budget()
-    agent = Agent("a", ScriptedModel(["done"]), budget=budget)
-    with anyio.CancelScope() as scope:
-        original = budget.charge
+    original = budget.charge
+    scope = anyio.CancelScope()
 
-        async def charge(usage: Usage, cost: float | None) -> None:
-            scope.cancel()
-            await original(usage, cost)
+    async def charge(usage: Usage, cost: float | None) -> None:
+        scope.cancel()
+        await original(usage, cost)
 
-        budget.charge = charge  # type: ignore[method-assign]
+    budget.charge = charge  # type: ignore[method-assign]
+
+    def act() -> str:
+        """A side effect."""
+        ran.append("act")
+        return "acted"
+
+    agent = Agent("a", ScriptedModel([call("act"), "done"]), tools=[act], budget=budget)
+    with scope:
         await agent.run("x")
     assert scope.cancelled_caught and len(budget.charged) == 1
+    assert ran == []
+
+
+async def test_a_listener_that_cancels_on_the_replys_text_keeps_its_tool_call_from_running() -> (
+    None
+):
+    # the text comes to listeners after the model's last suspension: a cancellation made
+    # then lands before the reply's tool call is announced (as with no suspending model)
+    ran: list[str] = []
+    announced: list[str] = []
+    scope = anyio.CancelScope()
+
+    async def listen(event: Any) -> None:
+        if isinstance(event, TextDelta) and "delete" in event.text:
+            scope.cancel()
+        elif isinstance(event, ToolCallStarted):
+            announced.append(event.call.name)
+
+    def delete() -> str:
+        """Delete everything."""
+        ran.append("delete")
+        return "deleted"
+
+    thinking = call("delete").model_copy(update={"text": "I will delete everything"})
+    agent = Agent("a", ScriptedModel([thinking, "done"]), tools=[delete], on_event=listen)
+    with scope:
+        await agent.run("x")
+    assert scope.cancelled_caught and (ran, announced) == ([], [])
+
+
+async def test_leaving_a_stream_at_the_replys_text_keeps_its_tool_call_from_running() -> None:
+    ran: list[str] = []
+
+    def delete() -> str:
+        """Delete everything."""
+        ran.append("delete")
+        return "deleted"
+
+    thinking = call("delete").model_copy(update={"text": "I will delete everything"})
+    agent = Agent("a", ScriptedModel([thinking, "done"]), tools=[delete])
+    async with agent.stream("x") as events:
+        async for event in events:
+            if isinstance(event, TextDelta) and "delete" in event.text:
+                break
+    assert ran == []
 
 
 async def test_a_listener_sees_each_inline_call_start_and_finish_in_order() -> None:
