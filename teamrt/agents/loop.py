@@ -645,7 +645,14 @@ class Agent:
             return elapsed_before + self.clock() - started
 
         self._elapsed = elapsed
-        suspends = getattr(self.model, "suspends", False) is True  # each call yields (`Model`)
+        # each model call yields (`Model`): it stands for the step's first checkpoint, unless
+        # a cancellation may come after it, held back by the shielded budget charge or made
+        # by a listener of the reply's text
+        suspends = (
+            getattr(self.model, "suspends", False) is True
+            and self.budget is None
+            and self.on_event is None
+        )
 
         while state.stop is None:
             if state.open_step is not None:  # resumed between a reply and its results
