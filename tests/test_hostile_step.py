@@ -719,3 +719,33 @@ async def test_a_stream_of_a_run_whose_tool_crashes_raises_the_crash(spans: Any)
         async with agent.stream("x") as events:
             async for _ in events:
                 pass
+
+
+@pytest.mark.parametrize("suspends", [True, False], ids=["model suspends", "model never waits"])
+async def test_a_tool_call_is_not_started_after_the_runs_deadline_passed(suspends: bool) -> None:
+    # the deadline passes as the model answers (the agent's clock says so): the reply's call
+    # is not started, whether or not the model's call suspended
+    now = 0.0
+    ran: list[str] = []
+
+    class Slow(FunctionModel):
+        pass
+
+    async def answer(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply:
+        nonlocal now
+        await anyio.lowlevel.checkpoint()
+        now += 10.0  # the call took 10 s by the agent's clock
+        return call("act")
+
+    def act() -> str:
+        """A side effect."""
+        ran.append("act")
+        return "acted"
+
+    model = Slow(answer)
+    model.suspends = suspends  # type: ignore[attr-defined]
+    limits = Limits(deadline=5.0, model_timeout=None)
+    agent = Agent("a", model, tools=[act], limits=limits, clock=lambda: now)
+    report = await agent.run("x")
+    assert report.stop.limit == "deadline"
+    assert ran == []
