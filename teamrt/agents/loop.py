@@ -1209,6 +1209,8 @@ class Agent:
         if left == math.inf:  # no deadline to stop them at: no cancel scope either
             await self._run_groups(state, groups, work)
             return
+        if left == 0:  # passed already: the scope stops the calls at their first checkpoint,
+            work.checkpointed = False  # which a step whose model call suspended would skip
         with anyio.move_on_after(left) as scope:
             await self._run_groups(state, groups, work)
         if scope.cancelled_caught:
