@@ -12,6 +12,7 @@ import enum
 import itertools
 import json
 import math
+import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ class _Colour(enum.Enum):
     RED = 1
 
 
-class _Key(str, enum.Enum):
+class _Key(enum.StrEnum):
     A = "a"
 
 
@@ -101,7 +102,7 @@ _KINDS = ["inline", "async", "thread"]
 _LIKE_DUMPS: list[object] = [
     float("-inf"),
     [float("nan"), -0.0, 1e300, 5e-324],
-    {1: "a", "1": "b", True: "c"},  # keys that meet as text: json.dumps writes both
+    {1: "a", "1": "b", None: "c", "null": "d"},  # keys that meet as text: written twice
     {_Key.A: 1, 2.5: [(), {}]},
     {"set": {3}, "colour": _Colour.RED, "point": _Point(x=1, y=2.0)},  # default=str
     {"text": "\x00\x1f\u2028\ud800 ü 😀 \"'\\/"},
@@ -117,9 +118,48 @@ async def test_hostile_values_read_as_json_dumps_writes_them(value: object, kind
     result = await _giver(value, kind).run(_call("give"))
     expected = json.dumps(value, default=str, ensure_ascii=False)
     if len(expected) > 8000:
-        expected = f"{expected[:8000]}... [cut {len(expected) - 8000} of {len(expected)} characters]"
+        expected = (
+            f"{expected[:8000]}... [cut {len(expected) - 8000} of {len(expected)} characters]"
+        )
     assert result.ok
     assert result.content == expected
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> object:
+    """A value a tool might return: JSON's kinds and others json.dumps writes with str()."""
+    scalars: list[object] = [
+        rng.randrange(-(10**30), 10**30),
+        rng.choice([0.1, -0.0, 1e308, float("nan"), float("inf"), float("-inf"), 2.5e-300]),
+        rng.choice([True, False, None]),
+        "".join(chr(rng.choice([0, 9, 34, 92, 127, 233, 0x2028, 0xD800, 0x1F600])) for _ in "abc"),
+        _Colour.RED,
+        _Key.A,
+        frozenset({1}),
+        b"bytes",
+    ]
+    if depth > 3 or rng.random() < 0.4:
+        return rng.choice(scalars)
+    kind = rng.randrange(3)
+    items = [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == 0:
+        return items
+    if kind == 1:
+        return tuple(items)
+    keys: list[object] = ["k", 1, 2.5, True, None, _Key.A, float("nan"), -3, "é"]
+    return {rng.choice(keys): item for item in items}
+
+
+def test_random_results_read_as_json_dumps_writes_them() -> None:
+    rng = random.Random(15)
+    box = _giver(None, "inline")
+    give = box.get("give")
+    assert give is not None
+    for i in range(2000):
+        value = _random_value(rng)
+        if isinstance(value, str):  # a text result is the text (a str enum's, say)
+            assert give._render(value) == value, i
+            continue
+        assert give._render(value) == json.dumps(value, default=str, ensure_ascii=False), i
 
 
 _UNWRITABLE: list[tuple[object, str]] = [
@@ -149,7 +189,9 @@ async def test_a_result_json_cannot_write_is_the_tools_failure_as_data(
 
 async def test_a_run_goes_on_after_a_result_json_cannot_write() -> None:
     model = ScriptedModel([call("give"), "done"])
-    agent = Agent("a", model, tools=_giver({(1, 2): "x"}, "inline"))
+    give = _giver({(1, 2): "x"}, "inline").get("give")
+    assert give is not None
+    agent = Agent("a", model, tools=[give])
     report = await agent.run("x")
     assert (report.ok, report.answer, report.tool_errors) == (True, "done", 1)
 
@@ -179,7 +221,11 @@ async def test_an_inline_tool_sees_its_call_id_and_nothing_leaks_after_it(
             raise RuntimeError("fails")
         return n
 
-    script = [calls(call("look", n=1), call("look", n=2)), call("look", n=3), "done"]
+    script: list[ModelReply | str] = [
+        calls(call("look", n=1), call("look", n=2)),
+        call("look", n=3),
+        "done",
+    ]
     model = ScriptedModel(script)
     agent = Agent("a", model, tools=[look], call_id_prefix=prefix)
     report = await agent.run("x")
@@ -240,7 +286,16 @@ async def test_a_base_exception_out_of_a_tool_is_a_crash_of_the_run(
 
 # -- one event-loop pass per step: where the loop's checkpoint may and may not be skipped --
 
-_PATHS = ["plain", "listener", "telemetry", "typed", "budget", "deadline", "no model timeout"]
+_PATHS = [
+    "plain",
+    "listener",
+    "telemetry",
+    "typed",
+    "structured",
+    "budget",
+    "deadline",
+    "no model timeout",
+]
 
 
 class _Budget:
@@ -288,6 +343,9 @@ def _agent(path: str, script: list[ModelReply | str], tools: list[Any], **option
     elif path == "typed":
         kwargs["output_type"] = _Total
         end = call("final_answer", total=1)
+    elif path == "structured":
+        kwargs["output_type"] = _Total
+        end = '{"total": 1}'
     elif path == "budget":
         kwargs["budget"] = _Budget()
     elif path == "deadline":
@@ -295,7 +353,8 @@ def _agent(path: str, script: list[ModelReply | str], tools: list[Any], **option
     elif path == "plain":
         kwargs["limits"] = Limits(max_repeats=50)  # the default model_timeout
     kwargs.update(options)
-    return Agent("a", ScriptedModel([*script, end]), tools=tools, **kwargs)
+    model = ScriptedModel([*script, end], structured_output=path == "structured")
+    return Agent("a", model, tools=tools, **kwargs)
 
 
 @pytest.fixture(params=_PATHS)
@@ -408,7 +467,7 @@ async def test_a_model_that_claims_to_suspend_but_never_does_starves_the_loop() 
     class Liar(FunctionModel):
         suspends = True
 
-    left = iter([call("look"), call("look"), "done"])
+    left: Iterator[ModelReply | str] = iter([call("look"), call("look"), "done"])
     ran: list[int] = []
 
     def look() -> int:
@@ -437,7 +496,7 @@ async def test_only_suspends_true_skips_the_loops_checkpoint(value: object) -> N
         ran.append(1)
         return 1
 
-    left = iter([call("look"), "done"])
+    left: Iterator[ModelReply | str] = iter([call("look"), "done"])
     agent = Agent("a", Maybe(lambda m, t: next(left)), tools=[look])
     with anyio.CancelScope() as scope:
         scope.cancel()
@@ -605,6 +664,7 @@ async def test_usage_and_cost_are_the_same_with_and_without_a_shared_budget() ->
     shared = Agent("a", ScriptedModel(script), tools=[look], prices=prices, budget=budget)
     together = await shared.run("x")
     assert (alone.usage, alone.cost) == (together.usage, together.cost)
+    assert together.cost is not None
     assert math.isclose(sum(c or 0 for _, c in budget.charged), together.cost)
     assert sum((u for u, _ in budget.charged), Usage()) == together.usage
 
@@ -692,7 +752,7 @@ async def test_a_listener_sees_each_inline_call_start_and_finish_in_order() -> N
         """Look."""
         return {(n, n): n} if n == 2 else n
 
-    script = [calls(call("look", n=1), call("look", n=2)), "done"]
+    script: list[ModelReply | str] = [calls(call("look", n=1), call("look", n=2)), "done"]
     agent = Agent("a", ScriptedModel(script), tools=[look], on_event=listen)
     report = await agent.run("x")
     assert report.ok
@@ -715,10 +775,14 @@ async def test_a_stream_of_a_run_whose_tool_crashes_raises_the_crash(spans: Any)
         raise SystemExit("out")
 
     agent = Agent("a", ScriptedModel([call("boom"), "done"]), tools=[boom])
-    with pytest.raises(ToolCrashed):
+
+    async def consume() -> None:
         async with agent.stream("x") as events:
             async for _ in events:
                 pass
+
+    with pytest.raises(ToolCrashed):
+        await consume()
 
 
 @pytest.mark.parametrize("suspends", [True, False], ids=["model suspends", "model never waits"])
