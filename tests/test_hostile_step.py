@@ -813,3 +813,80 @@ async def test_a_tool_call_is_not_started_after_the_runs_deadline_passed(suspend
     report = await agent.run("x")
     assert report.stop.limit == "deadline"
     assert ran == []
+
+
+@pytest.mark.parametrize("suspends", [True, False], ids=["model suspends", "model never waits"])
+async def test_a_run_cancelled_at_any_pass_resumes_and_runs_each_call_once(
+    suspends: bool, tmp_path: Path
+) -> None:
+    # the run is cancelled after 0, 1, 2, ... event-loop passes, then resumed from its journal
+    # (again and again, with the same model, until it ends): every call runs exactly once, as
+    # an inline call cannot be cut, and the answer is the script's
+    script: list[ModelReply | str] = [
+        calls(call("act", n=1), call("act", n=2)),
+        calls(call("side", n=3), call("side", n=4)),
+        call("act", n=5),
+        "done",
+    ]
+    for cut in range(12):
+        ran: list[int] = []
+
+        @tool(sequential=True)
+        def act(n: int) -> int:
+            """A side effect, in order."""
+            ran.append(n)
+            return n
+
+        def side(n: int) -> int:
+            """A side effect, beside another."""
+            ran.append(n)
+            return n
+
+        if suspends:
+            model: Any = ScriptedModel(script)
+        else:
+            left = iter(script)
+            model = FunctionModel(lambda m, t: next(left))
+        journal = tmp_path / f"cut{cut}.jsonl"
+        scope = anyio.CancelScope()
+
+        async def cancel_after(passes: int, scope: anyio.CancelScope = scope) -> None:
+            for _ in range(passes):
+                await anyio.lowlevel.checkpoint()
+            scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancel_after, cut)
+            with scope:
+                await Agent("a", model, tools=[act, side], checkpoint=journal).run("x")
+        report = None
+        for _ in range(10):
+            agent = Agent("a", model, tools=[act, side], checkpoint=journal)
+            if agent.journal is None or agent.journal.load() is None:
+                report = await agent.run("x")
+            else:
+                report = await agent.resume()
+            if report.stop is not None:
+                break
+        assert report is not None and report.answer == "done", cut
+        assert sorted(ran) == [1, 2, 3, 4, 5], (cut, ran)
+
+
+@pytest.mark.parametrize("model_timeout", [None, 5.0])
+async def test_a_model_that_returns_no_reply_is_not_taken_for_a_deadline(
+    model_timeout: float | None,
+) -> None:
+    # a broken model (complete() returns None) is its fault, said as such: not a deadline or a
+    # model_timeout that did not pass
+    class Broken:
+        name = "broken"
+
+        async def complete(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Any:
+            await anyio.lowlevel.checkpoint()
+            return None
+
+    agent = Agent("a", Broken(), limits=Limits(model_timeout=model_timeout))
+    report = await agent.run("x")
+    assert report.stop.limit is None
+    assert report.stop.reason == "model_error"
+    assert "broken: the model call returned None, not a ModelReply" in report.stop.detail
