@@ -845,6 +845,7 @@ class Agent:
             per_call = rest if per_call is None else min(per_call, rest)
         bound = min(left, per_call if per_call is not None else math.inf)
         started = self.clock()
+        expired = False
         try:
             if bound == math.inf:  # no deadline: no timeout to enter and leave
                 reply = await self._asking(state, specs, output)
@@ -856,10 +857,14 @@ class Agent:
                 except TimeoutError:
                     if not timeout.expired():
                         raise  # the model's own, not the deadline
-                    reply = None
+                    expired = True
                 finally:
                     self._model_deadlines.finish()
-            if reply is not None:
+            if not expired:
+                if reply is None:  # a broken model's fault, not a deadline
+                    raise ModelError(
+                        f"{self.model.name}: the model call returned None, not a ModelReply"
+                    )
                 state.attempts += reply.attempts
                 if reply.rate_limited:
                     state.rate_limited += reply.rate_limited
