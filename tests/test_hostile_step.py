@@ -815,61 +815,50 @@ async def test_a_tool_call_is_not_started_after_the_runs_deadline_passed(suspend
     assert ran == []
 
 
+@pytest.mark.parametrize("cut", range(12))
 @pytest.mark.parametrize("suspends", [True, False], ids=["model suspends", "model never waits"])
 async def test_a_run_cancelled_at_any_pass_resumes_and_runs_each_call_once(
-    suspends: bool, tmp_path: Path
+    suspends: bool, cut: int, tmp_path: Path
 ) -> None:
-    # the run is cancelled after 0, 1, 2, ... event-loop passes, then resumed from its journal
-    # (again and again, with the same model, until it ends): every call runs exactly once, as
-    # an inline call cannot be cut, and the answer is the script's
+    # the run is cancelled after `cut` event-loop passes (or ends first), then resumed from its
+    # journal with the same model: every call runs exactly once, as an inline call cannot be
+    # cut, and the answer is the script's
     script: list[ModelReply | str] = [
         calls(call("act", n=1), call("act", n=2)),
         calls(call("side", n=3), call("side", n=4)),
         call("act", n=5),
         "done",
     ]
-    for cut in range(12):
-        ran: list[int] = []
+    ran: list[int] = []
 
-        @tool(sequential=True)
-        def act(n: int) -> int:
-            """A side effect, in order."""
-            ran.append(n)
-            return n
+    @tool(sequential=True)
+    def act(n: int) -> int:
+        """A side effect, in order."""
+        ran.append(n)
+        return n
 
-        def side(n: int) -> int:
-            """A side effect, beside another."""
-            ran.append(n)
-            return n
+    def side(n: int) -> int:
+        """A side effect, beside another."""
+        ran.append(n)
+        return n
 
-        if suspends:
-            model: Any = ScriptedModel(script)
-        else:
-            left = iter(script)
-            model = FunctionModel(lambda m, t: next(left))
-        journal = tmp_path / f"cut{cut}.jsonl"
-        scope = anyio.CancelScope()
+    left = iter(script)
+    model = ScriptedModel(script) if suspends else FunctionModel(lambda m, t: next(left))
+    journal = tmp_path / "a.jsonl"
+    scope = anyio.CancelScope()
 
-        async def cancel_after(passes: int, scope: anyio.CancelScope = scope) -> None:
-            for _ in range(passes):
-                await anyio.lowlevel.checkpoint()
-            scope.cancel()
+    async def cancel_after(passes: int) -> None:
+        for _ in range(passes):
+            await anyio.lowlevel.checkpoint()
+        scope.cancel()
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(cancel_after, cut)
-            with scope:
-                await Agent("a", model, tools=[act, side], checkpoint=journal).run("x")
-        report = None
-        for _ in range(10):
-            agent = Agent("a", model, tools=[act, side], checkpoint=journal)
-            if agent.journal is None or agent.journal.load() is None:
-                report = await agent.run("x")
-            else:
-                report = await agent.resume()
-            if report.stop is not None:
-                break
-        assert report is not None and report.answer == "done", cut
-        assert sorted(ran) == [1, 2, 3, 4, 5], (cut, ran)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cancel_after, cut)
+        with scope:
+            await Agent("a", model, tools=[act, side], checkpoint=journal).run("x")
+    report = await Agent("a", model, tools=[act, side], checkpoint=journal).resume()
+    assert report.answer == "done"
+    assert sorted(ran) == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("model_timeout", [None, 5.0])
@@ -890,3 +879,40 @@ async def test_a_model_that_returns_no_reply_is_not_taken_for_a_deadline(
     assert report.stop.limit is None
     assert report.stop.reason == "model_error"
     assert "broken: the model call returned None, not a ModelReply" in report.stop.detail
+
+
+async def test_a_kept_conversation_restarted_mid_task_resumes_its_step(tmp_path: Path) -> None:
+    # a teammate's way: a kept conversation, its second task cut by a crash in its second
+    # call, taken up by a new agent object (a restart) from the journal: the call in flight
+    # runs again with its id, the first does not, and the conversation keeps both tasks
+    keys: list[str | None] = []
+    crash = True
+
+    @tool(sequential=True)
+    def act(n: int) -> int:
+        """A side effect, keyed by the call id."""
+        keys.append(current_call_id())
+        if n == 2 and crash:
+            raise SystemExit("down")
+        return n
+
+    journal = tmp_path / "mate.jsonl"
+    script: list[ModelReply | str] = [
+        "first done",
+        calls(call("act", n=1), call("act", n=2)),
+        "second done",
+    ]
+    model = ScriptedModel(script)
+    agent = Agent("mate", model, tools=[act], checkpoint=journal, keep_context=True)
+    assert (await agent.run("one", task_id="t1")).answer == "first done"
+    with pytest.raises(ToolCrashed):
+        await agent.run("two", task_id="t2")
+    crash = False
+    again = Agent("mate", model, tools=[act], checkpoint=journal, keep_context=True)
+    again.restore()
+    report = await again.run("two", task_id="t2", resume=True)
+    assert report.answer == "second done"
+    assert keys[2] == keys[1] and len(keys) == 3
+    assert again.state is not None
+    texts = [m.content for m in again.state.messages if m.role == "user"]
+    assert texts == ["one", "two"]
