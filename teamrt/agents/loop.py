@@ -645,7 +645,14 @@ class Agent:
             return elapsed_before + self.clock() - started
 
         self._elapsed = elapsed
-        suspends = getattr(self.model, "suspends", False) is True  # each call yields (`Model`)
+        # each model call yields (`Model`): it stands for the step's first checkpoint, unless
+        # a cancellation may come after it, held back by the shielded budget charge or made
+        # by a listener of the reply's text
+        suspends = (
+            getattr(self.model, "suspends", False) is True
+            and self.budget is None
+            and self.on_event is None
+        )
 
         while state.stop is None:
             if state.open_step is not None:  # resumed between a reply and its results
@@ -838,6 +845,7 @@ class Agent:
             per_call = rest if per_call is None else min(per_call, rest)
         bound = min(left, per_call if per_call is not None else math.inf)
         started = self.clock()
+        expired = False
         try:
             if bound == math.inf:  # no deadline: no timeout to enter and leave
                 reply = await self._asking(state, specs, output)
@@ -849,10 +857,14 @@ class Agent:
                 except TimeoutError:
                     if not timeout.expired():
                         raise  # the model's own, not the deadline
-                    reply = None
+                    expired = True
                 finally:
                     self._model_deadlines.finish()
-            if reply is not None:
+            if not expired:
+                if reply is None:  # a broken model's fault, not a deadline
+                    raise ModelError(
+                        f"{self.model.name}: the model call returned None, not a ModelReply"
+                    )
                 state.attempts += reply.attempts
                 if reply.rate_limited:
                     state.rate_limited += reply.rate_limited
@@ -1202,6 +1214,8 @@ class Agent:
         if left == math.inf:  # no deadline to stop them at: no cancel scope either
             await self._run_groups(state, groups, work)
             return
+        if left == 0:  # passed already: the scope stops the calls at their first checkpoint,
+            work.checkpointed = False  # which a step whose model call suspended would skip
         with anyio.move_on_after(left) as scope:
             await self._run_groups(state, groups, work)
         if scope.cancelled_caught:

@@ -180,11 +180,12 @@ class Tool:
         raise ToolCrashed(f"tool {self.name} raised {type(exc).__name__}: {exc}") from exc
 
     def _result(self, result: Any) -> ToolResult:
-        """The tool's return value as the model reads it; one that does not encode (a cycle,
-        say) is the tool's failure, as data."""
+        """The tool's return value as the model reads it; one that does not encode is the
+        tool's failure, as data: a cycle (ValueError), a key JSON cannot have (TypeError), a
+        nesting too deep (RecursionError), an object whose `str()` fails (its own error)."""
         try:
             return ToolResult(self._render(result), ok=True)
-        except ValueError as exc:
+        except Exception as exc:
             return _error(type(exc).__name__, f"the result could not be encoded as JSON: {exc}")
 
     def _render(self, result: Any) -> str:

@@ -166,9 +166,12 @@ class Model(Protocol):
     A model whose every `complete()` (and `stream()`) suspends at least once, yielding to the
     event loop (a request over the network, say), may say so with an attribute
     `suspends = True`: the agent loop then adds no event-loop pass of its own before the step's
-    first tool call (other tasks ran, and a cancellation landed, during the model call). Without
-    it the loop passes a checkpoint before each tool call that runs alone, so a run whose model
-    and tools never wait still lets other tasks run and can be cancelled at every step.
+    first tool call (other tasks ran, and a cancellation landed, during the model call), unless
+    the agent has a shared budget or a listener (`on_event`), which may be the last to see a
+    cancellation. Without it the loop passes a checkpoint before each tool call that runs
+    alone, so a run whose model and tools never wait still lets other tasks run and can be
+    cancelled at every step. It is a promise: a model that says it and answers without waiting
+    runs steps of sync tools that let no other task run and take no cancellation.
     """
 
     @property
