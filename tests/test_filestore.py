@@ -7,6 +7,8 @@ import errno
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -361,3 +363,36 @@ async def test_a_cursor_with_no_valid_slot_is_read_again_from_the_start(tmp_path
         async with FileMailboxes(team) as mail:  # never unopenable: at-least-once from 0
             assert [e.body for e in await _drain(mail)] == [0, 1, 2]
         assert (team / "inboxes" / "worker.cursor.json.damaged").read_bytes() == damage
+
+
+def test_running_out_of_descriptors_says_which_limit_and_what_holds_them(tmp_path: Path) -> None:
+    # a process allowed few open files runs the inboxes of many members: the error names the
+    # limit, what each member holds and what to do, not only "Too many open files"
+    script = f"""
+import resource, anyio
+from teamrt.errors import StoreError
+from teamrt.mail import FileMailboxes
+
+async def main():
+    names = [f"m{{i:03d}}" for i in range(200)]
+    async with FileMailboxes({str(tmp_path / "team")!r}, members=names) as mail:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        try:
+            for name in names:
+                await mail.open_inbox(name)
+        except StoreError as exc:
+            print(exc)
+        else:
+            print("no error")
+
+anyio.run(main)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    message = done.stdout.strip()
+    assert "Too many open files" in message, done.stdout + done.stderr
+    assert "may have 64 files open (RLIMIT_NOFILE" in message
+    assert "each member whose inbox this process runs holds two or three" in message
+    assert "ulimit -n" in message

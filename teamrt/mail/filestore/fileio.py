@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource
 import stat
 from pathlib import Path
 
@@ -34,7 +35,21 @@ def translate(exc: OSError, what: str) -> StoreError:
         return DiskFull(exc.errno, f"{what}: {os.strerror(exc.errno)}; nothing was written")
     if exc.errno == errno.ELOOP:
         return StoreError(exc.errno, f"{what}: refused to follow a symbolic link")
+    if exc.errno == errno.EMFILE:
+        return StoreError(exc.errno, f"{what}: {os.strerror(exc.errno)}; {_descriptor_limit()}")
     return StoreError(exc.errno or 0, f"{what}: {exc.strerror or exc}")
+
+
+def _descriptor_limit() -> str:
+    """What to do when this process may open no more files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limits = f"{soft:,} files open (RLIMIT_NOFILE"
+    limits += ")" if hard == soft else f"; the hard limit is {hard:,})"
+    return (
+        f"this process may have {limits}, and each member whose inbox this process runs holds "
+        "two or three (its lease, its log, its cursor): raise the limit (ulimit -n), or run "
+        "some members in other processes"
+    )
 
 
 def fsync_dir(path: Path) -> None:
