@@ -1,10 +1,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
+from teamrt import telemetry
 from teamrt.models import set_model_requests_allowed
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -24,3 +30,20 @@ def stress(request: pytest.FixtureRequest) -> bool:
 # (the OpenAI adapter's tests do, against a server they start on 127.0.0.1).
 os.environ["TEAMRT_ALLOW_MODEL_REQUESTS"] = "0"
 set_model_requests_allowed(False)
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    """Telemetry on for the test, its finished spans kept in memory."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    telemetry.enable(provider)
+    try:
+        yield memory
+    finally:
+        telemetry.disable()

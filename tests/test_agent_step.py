@@ -8,14 +8,14 @@ import asyncio
 import itertools
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 import anyio
 import anyio.lowlevel
 import openai
 import pytest
 
-from teamrt.agents import Agent, Limits, tool
+from teamrt.agents import Agent, Limits, RunReport, tool
 from teamrt.agents.loop import _ResultIndex, _signature_of, signature
 from teamrt.agents.state import PROGRESS_MEMORY, AgentState
 from teamrt.models import (
@@ -82,31 +82,45 @@ def _never_waits(replies: list[ModelReply | str]) -> FunctionModel:
     return FunctionModel(lambda messages, tools: next(left))
 
 
+class Ticker:
+    """A task that counts event-loop passes, run beside an agent's run; `note()` (called by a
+    tool) keeps the count it sees."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.seen: list[int] = []
+
+    def note(self) -> int:
+        self.seen.append(self.ticks)
+        return len(self.seen)
+
+    async def beside(self, run: Awaitable[RunReport]) -> RunReport:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._tick)
+            await anyio.lowlevel.checkpoint()
+            report = await run
+            tg.cancel_scope.cancel()
+        return report
+
+    async def _tick(self) -> None:
+        while True:
+            self.ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+
 async def _ticks_at_each_call(model: Model, calls: int) -> list[int]:
-    """Run `model` (which calls the tool `look` `calls` times, one call a step) beside a task
-    that counts event-loop passes; the count each call saw."""
-    ticks = 0
-    seen: list[int] = []
+    """Run `model` (which calls the tool `look` `calls` times, one call a step) beside a
+    ticker; the count each call saw."""
+    ticker = Ticker()
 
     def look() -> int:
         """Look at the ticker."""
-        seen.append(ticks)
-        return len(seen)
+        return ticker.note()
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await anyio.lowlevel.checkpoint()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ticker)
-        await anyio.lowlevel.checkpoint()
-        limits = Limits(max_repeats=calls + 1)
-        report = await Agent("a", model, tools=[look], limits=limits).run("x")
-        tg.cancel_scope.cancel()
-    assert report.ok and len(seen) == calls
-    return seen
+    limits = Limits(max_repeats=calls + 1)
+    report = await ticker.beside(Agent("a", model, tools=[look], limits=limits).run("x"))
+    assert report.ok and len(ticker.seen) == calls
+    return ticker.seen
 
 
 async def test_other_tasks_run_at_each_tool_call_of_a_run_that_never_waits() -> None:
@@ -127,28 +141,16 @@ async def test_a_step_whose_model_call_suspends_makes_one_event_loop_pass_not_tw
 async def test_the_second_lone_call_of_a_step_still_passes_a_checkpoint() -> None:
     # two calls to a sequential tool in one reply run one after the other, each alone: the
     # model's suspension stands for the first call's checkpoint only
-    ticks = 0
-    seen: list[int] = []
+    ticker = Ticker()
 
     @tool(sequential=True)
     def look(n: int) -> int:
         """Look at the ticker."""
-        seen.append(ticks)
-        return n
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await anyio.lowlevel.checkpoint()
+        return ticker.note()
 
     model = ScriptedModel([calls(call("look", n=1), call("look", n=2)), "done"])
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ticker)
-        await anyio.lowlevel.checkpoint()
-        report = await Agent("a", model, tools=[look]).run("x")
-        tg.cancel_scope.cancel()
-    assert report.ok and seen[1] == seen[0] + 1
+    report = await ticker.beside(Agent("a", model, tools=[look]).run("x"))
+    assert report.ok and ticker.seen[1] == ticker.seen[0] + 1
 
 
 def test_an_openai_model_suspends_only_with_the_client_it_makes() -> None:

@@ -43,6 +43,7 @@ from teamrt.models import (
     calls,
 )
 from teamrt.models.base import ToolCall
+from tests.test_agent_step import Ticker
 
 # -- helpers --
 
@@ -316,18 +317,6 @@ class _Total(BaseModel):
     total: int
 
 
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    telemetry.enable(provider)
-    try:
-        yield memory
-    finally:
-        telemetry.disable()
-
-
 def _agent(path: str, script: list[ModelReply | str], tools: list[Any], **options: Any) -> Agent:
     """An agent whose step goes the way `path` says; its script ends with an answer of the
     kind that path takes."""
@@ -433,30 +422,17 @@ async def test_a_cancellation_from_a_parallel_group_lands_before_the_lone_call_a
 
 async def test_other_tasks_run_at_every_step_whichever_way_it_goes(path: str) -> None:
     # a run of inline tools and a model that suspends lets a ticker run between any two calls
-    ticks = 0
-    seen: list[int] = []
+    ticker = Ticker()
 
     @tool(sequential=True)
     def look() -> int:
         """Look at the ticker."""
-        seen.append(ticks)
-        return len(seen)
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await anyio.lowlevel.checkpoint()
+        return ticker.note()
 
     script: list[ModelReply | str] = [call("look"), calls(call("look"), call("look")), call("look")]
-    agent = _agent(path, script, [look])
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ticker)
-        await anyio.lowlevel.checkpoint()
-        report = await agent.run("x")
-        tg.cancel_scope.cancel()
-    assert report.ok and len(seen) == 4
-    assert all(b > a for a, b in itertools.pairwise(seen))
+    report = await ticker.beside(_agent(path, script, [look]).run("x"))
+    assert report.ok and len(ticker.seen) == 4
+    assert all(b > a for a, b in itertools.pairwise(ticker.seen))
 
 
 async def test_a_model_that_claims_to_suspend_but_never_does_starves_the_loop() -> None:
@@ -769,7 +745,7 @@ async def test_a_listener_sees_each_inline_call_start_and_finish_in_order() -> N
     ]
 
 
-async def test_a_stream_of_a_run_whose_tool_crashes_raises_the_crash(spans: Any) -> None:
+async def test_a_stream_of_a_run_whose_tool_crashes_raises_the_crash(exporter: Any) -> None:
     def boom() -> str:
         """Boom."""
         raise SystemExit("out")

@@ -7,31 +7,16 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from teamrt import FileMailboxes, MemoryMailboxes, telemetry
 from teamrt.team import Team
 
 CHILD = str(Path(__file__).with_name("otel_child.py"))
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    telemetry.enable(provider)
-    try:
-        yield memory
-    finally:
-        telemetry.disable()
 
 
 async def test_spans_for_a_task_follow_the_genai_conventions(

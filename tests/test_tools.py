@@ -141,9 +141,9 @@ _RESULTS: list[object] = [
 ]
 
 
-@pytest.mark.parametrize("value", _RESULTS, ids=[type(v).__name__ for v in _RESULTS])
-@pytest.mark.parametrize("inline", [True, False], ids=["sync", "async"])
-async def test_a_result_reads_as_json_dumps_would_write_it(value: object, inline: bool) -> None:
+def _giver(value: object, inline: bool) -> Tool:
+    """A tool `give` that returns `value`: a plain function (run inline) or a coroutine."""
+
     def give_sync() -> object:
         """Give the value."""
         return value
@@ -152,7 +152,13 @@ async def test_a_result_reads_as_json_dumps_would_write_it(value: object, inline
         """Give the value."""
         return value
 
-    box = Toolbox([tool(name="give")(give_sync if inline else give_async)])
+    return tool(name="give")(give_sync if inline else give_async)
+
+
+@pytest.mark.parametrize("value", _RESULTS, ids=[type(v).__name__ for v in _RESULTS])
+@pytest.mark.parametrize("inline", [True, False], ids=["sync", "async"])
+async def test_a_result_reads_as_json_dumps_would_write_it(value: object, inline: bool) -> None:
+    box = Toolbox([_giver(value, inline)])
     result = await box.run(_call("give", "{}"))
     assert result.ok
     assert result.content == json.dumps(value, default=str, ensure_ascii=False)
@@ -165,15 +171,7 @@ async def test_a_result_that_cannot_be_encoded_is_the_tools_failure_not_a_crash(
     cyclic: list[object] = []
     cyclic.append(cyclic)
 
-    def give_sync() -> object:
-        """Give a cycle."""
-        return cyclic
-
-    async def give_async() -> object:
-        """Give a cycle."""
-        return cyclic
-
-    box = Toolbox([tool(name="give")(give_sync if inline else give_async)])
+    box = Toolbox([_giver(cyclic, inline)])
     result = await box.run(_call("give", "{}"))
     assert not result.ok
     assert json.loads(result.content) == {
