@@ -395,4 +395,5 @@ anyio.run(main)
     assert "Too many open files" in message, done.stdout + done.stderr
     assert "may have 64 files open (RLIMIT_NOFILE" in message
     assert "each member whose inbox this process runs holds two or three" in message
+    assert "each inbox it sends to two" in message
     assert "ulimit -n" in message
