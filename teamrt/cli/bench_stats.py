@@ -344,9 +344,12 @@ def header(meta: dict[str, Any]) -> list[str]:
         speed = f"; a fixed Python loop (the probe): {statistics.median(probes):.2f} us of CPU"
         if len(probes) > 1:
             speed += f" ({fmt_span(_span(probes), 'us')})"
+    rounds = f"{meta['rounds']} rounds"
+    if meta.get("close_rounds", meta["rounds"]) != meta["rounds"]:
+        rounds += f" (the round trip {meta['close_rounds']})"
     return [
         f"teamrt bench on {meta['disk']} ({meta['cpus']} cpus, {meta['cpus_usable']} usable, "
-        f"Python {meta['python']}, {meta['mode']} sizes, {meta['rounds']} rounds, "
+        f"Python {meta['python']}, {meta['mode']} sizes, {rounds}, "
         f"{meta['seconds']:.0f} s)",
         f"load average (1, 5, 15 min): {load}{speed}",
         "each figure: the median of its rounds, interleaved with its baseline's; range: min-max "

@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds",
         type=positive_int,
         metavar="N",
-        help="rounds of each figure (default: 5, or 3 with --quick)",
+        help="rounds of each figure (default: 5, or 3 with --quick but 5 for the round trip)",
     )
     bench.add_argument(
         "--save", metavar="FILE", help="also write the run to FILE as JSON (for --compare)"
