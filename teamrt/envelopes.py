@@ -52,10 +52,12 @@ P = TypeVar("P", bound=BaseModel)
 
 # --- ids -------------------------------------------------------------------------------------
 # 14 hex digits of microseconds since the epoch, 10 of a per-process random tag, 6 of a counter:
-# time-sortable, unique across processes without coordination, and about 0.3 us to make.
+# time-sortable, unique across processes without coordination, and about 0.25 us to make.
 
 _counter = itertools.count()
-_id_format = "%014x" + os.urandom(5).hex() + "%06x"  # the process's tag written in once
+# the process's tag, in its place among the id's 120 bits: an id is one int written as 15 bytes
+# of hex (a third cheaper than formatting three numbers into a string)
+_id_tag = int.from_bytes(os.urandom(5)) << 24
 
 # --- traces: every envelope sent while handling a task carries the task's trace id -----------
 
@@ -80,8 +82,8 @@ def tracing(trace_id: str | None) -> Iterator[None]:
 
 
 def _new_process_tag() -> None:
-    global _counter, _id_format
-    _id_format = "%014x" + os.urandom(5).hex() + "%06x"
+    global _counter, _id_tag
+    _id_tag = int.from_bytes(os.urandom(5)) << 24
     _counter = itertools.count()
 
 
@@ -90,12 +92,17 @@ os.register_at_fork(after_in_child=_new_process_tag)
 
 def new_id() -> str:
     """Return a new unique, time-sortable envelope id (30 lowercase hex digits)."""
-    return _id_format % (time.time_ns() // 1000, next(_counter) & 0xFFFFFF)
+    return _id_of(time.time_ns() // 1000)
 
 
 def _id_at(now: float) -> str:
     """`new_id()` for an envelope stamped at `now` (`time.time()`): one clock read for both."""
-    return _id_format % (int(now * 1_000_000), next(_counter) & 0xFFFFFF)
+    return _id_of(int(now * 1_000_000))
+
+
+def _id_of(micros: int) -> str:
+    """The id made at `micros` microseconds since the epoch (below 2**56: until the year 4254)."""
+    return ((micros << 64) | _id_tag | (next(_counter) & 0xFFFFFF)).to_bytes(15).hex()
 
 
 # --- payload registry -------------------------------------------------------------------------
@@ -255,7 +262,7 @@ class Envelope(BaseModel):
         trace_id: str | None = None,
     ) -> Message:
         """A one-way envelope."""
-        if _plain(body, type, trace_id) and _names(sender, recipient):
+        if _plain(body, type, trace_id, sender, recipient):
             now = time.time()
             return _new(  # what _build would make: the fields checked here, by the same rules
                 Message,
@@ -299,10 +306,8 @@ class Envelope(BaseModel):
         """An envelope that expects a response; `timeout` sets its `deadline`."""
         now = time.time()
         deadline = None if timeout is None else now + timeout
-        if (
-            _plain(body, type, trace_id)
-            and _names(sender, recipient)
-            and (deadline is None or (builtins.type(deadline) is float and math.isfinite(deadline)))
+        if _plain(body, type, trace_id, sender, recipient) and (
+            deadline is None or (builtins.type(deadline) is float and math.isfinite(deadline))
         ):
             return _new(
                 Request,
@@ -343,8 +348,7 @@ class Envelope(BaseModel):
         sender, recipient, asked = request.recipient, request.sender, request.id
         trace_id = request.trace_id
         if (
-            _plain(body, type, trace_id)
-            and _names(sender, recipient)
+            _plain(body, type, trace_id, sender, recipient)
             and builtins.type(asked) is str
             and 0 < len(asked) <= 64
         ):
@@ -476,25 +480,22 @@ _DEADLINE_SET: Final = frozenset(("deadline",))
 _DATA: Final = frozenset((dict, list, str, int, float, bool, type(None), tuple))
 
 
-def _names(sender: object, recipient: object) -> bool:
-    """True if both are valid names (as the models' `Name` says)."""
-    return (
-        builtins.type(sender) is str
-        and (sender in valid_names or is_name(sender))
-        and builtins.type(recipient) is str
-        and (recipient in valid_names or is_name(recipient))
-    )
-
-
-def _plain(body: Any, type_name: object, trace_id: object) -> bool:
+def _plain(
+    body: Any, type_name: object, trace_id: object, sender: object, recipient: object
+) -> bool:
     """True if a constructor may build its envelope directly (`_new`): the body is not a model
     (which `_dump_body` and `_type_of` turn into data and a type name), the type and trace id
-    are plain strings pydantic would keep as they are. Names are checked by `_names`."""
+    are plain strings pydantic would keep as they are, and both names are valid (as the
+    models' `Name` says). One call for all of it: it runs once per envelope made."""
     return (
         (builtins.type(body) in _DATA or not isinstance(body, BaseModel))
         and builtins.type(type_name) is str
         and 0 < len(type_name) <= 64
         and (trace_id is None or builtins.type(trace_id) is str)
+        and builtins.type(sender) is str
+        and (sender in valid_names or is_name(sender))
+        and builtins.type(recipient) is str
+        and (recipient in valid_names or is_name(recipient))
     )
 
 
