@@ -414,11 +414,9 @@ class Envelope(BaseModel):
         request's deadline from its timeout this way."""
         if self.__pydantic_extra__ or self.__pydantic_private__:  # a user's subclass keeps them
             return self.model_copy(update={"deadline": deadline})
-        return _new(
-            builtins.type(self),
-            {**self.__dict__, "deadline": deadline},
-            self.__pydantic_fields_set__ | _DEADLINE_SET,
-        )
+        values = self.__dict__.copy()  # every field, in the declared order
+        values["deadline"] = deadline
+        return _adopt(builtins.type(self), values, self.__pydantic_fields_set__ | _DEADLINE_SET)
 
     # -- reading --
 
@@ -507,10 +505,12 @@ def _construct_public(cls: type[E], values: dict[str, Any], fields_set: Iterable
     return cast(E, cls.model_construct(set(fields_set), **values))
 
 
-def _direct_constructor() -> Constructor | None:
+def _direct_constructor() -> tuple[Constructor, Constructor] | None:
     """What `model_construct` does for the envelope models (no extras kept, no private
-    attributes, no post-init), without its per-field Python loop: 0.6 us against 4 us. None if
-    this pydantic keeps more per instance than the four slots this knows."""
+    attributes, no post-init), without its per-field Python loop: 0.6 us against 4 us. Two
+    forms: one that copies `fields_set` into the new envelope's own set, and one that keeps the
+    set it is given (a new set the caller made for it). None if this pydantic keeps more per
+    instance than the four slots this knows."""
     slots = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
     if getattr(BaseModel, "__slots__", ()) != slots or any(
         cls.__pydantic_post_init__ for cls in (Message, Request, Response, Broadcast)
@@ -530,12 +530,23 @@ def _direct_constructor() -> Constructor | None:
         set_private(envelope, None)
         return envelope
 
-    return construct
+    def adopt(cls: type[E], values: dict[str, Any], fields_set: Iterable[str]) -> E:
+        envelope: E = new(cls)
+        set_dict(envelope, values)
+        set_fields_set(envelope, fields_set)
+        set_extra(envelope, None)
+        set_private(envelope, None)
+        return envelope
+
+    return construct, adopt
 
 
+_CONSTRUCTORS: Final = _direct_constructor() or (_construct_public, _construct_public)
 #: An envelope of class `cls` with `values` (every field, in the declared order, already valid)
 #: and `fields_set`, built without validation.
-_new: Final[Constructor] = _direct_constructor() or _construct_public
+_new: Final[Constructor] = _CONSTRUCTORS[0]
+#: `_new` for a `fields_set` that is a new set of the caller's own, which the envelope keeps.
+_adopt: Final[Constructor] = _CONSTRUCTORS[1]
 
 AnyEnvelope = Annotated[Message | Request | Response | Broadcast, Field(discriminator="kind")]
 

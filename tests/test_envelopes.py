@@ -264,6 +264,12 @@ def test_with_deadline_is_model_copy() -> None:
     assert fast.model_fields_set == slow.model_fields_set
     assert list(fast.__dict__) == list(slow.__dict__)
     assert request.deadline is None  # the original is unchanged
+    # the copy has fields and a fields set of its own, as model_copy's does
+    assert type(fast.model_fields_set) is set
+    assert fast.model_fields_set is not request.model_fields_set
+    assert fast.__dict__ is not request.__dict__
+    again = fast.with_deadline(6.0)
+    assert again.model_fields_set is not fast.model_fields_set and fast.deadline == 5.0
 
 
 def test_an_id_is_its_time_tag_and_counter_in_hex() -> None:
