@@ -9,8 +9,10 @@ loop (warm caches) shows a different cost from the one the round trip pays. So t
 pieces of one exchange synchronously in one process (both inboxes in one `FileMailboxes`, no
 event loop turn, no wake-up), evicts the caches before each piece by copying a buffer
 (`--evict-kib`; 512 KiB makes the pieces cost about what they cost in the round trip on a VM
-with 2 MiB of L2 per core), and reports each piece's median over the exchanges. It is
-deterministic enough to compare two trees piece by piece (run it from each, alternately).
+with 2 MiB of L2 per core), and reports each piece's median over the exchanges. It is far
+steadier than the round trip (a piece moves by a few tenths of a microsecond between runs on
+a quiet machine, more on a busy one): compare two trees by running it from each, alternately,
+several times.
 
 The pieces: the requester builds a request and `request()`'s steps up to the end of its append
 (a deadline stamped, the reply registered, `send`); the answerer's `receive_nowait` (read,
