@@ -40,6 +40,7 @@ from teamrt.envelopes import (
     Request,
     Response,
     _payloads,
+    _trace,
     current_trace,
     payload_model,
     validate_body,
@@ -239,7 +240,7 @@ class Mailboxes:
         if (
             envelope.team is None
             and self._signer is None
-            and (envelope.trace_id is not None or current_trace() is None)
+            and (envelope.trace_id is not None or _trace.get() is None)  # current_trace()
             and not (telemetry.enabled() if traced is None else traced)
             and _payload_for(envelope.type) is None
         ):
