@@ -9,10 +9,10 @@ loop (warm caches) shows a different cost from the one the round trip pays. So t
 pieces of one exchange synchronously in one process (both inboxes in one `FileMailboxes`, no
 event loop turn, no wake-up), evicts the caches before each piece by copying a buffer
 (`--evict-kib`; 512 KiB makes the pieces cost about what they cost in the round trip on a VM
-with 2 MiB of L2 per core), and reports each piece's median over the exchanges. It is far
-steadier than the round trip (a piece moves by a few tenths of a microsecond between runs on
-a quiet machine, more on a busy one): compare two trees by running it from each, alternately,
-several times.
+with 2 MiB of L2 per core), and reports each piece's median over the exchanges. On a quiet
+machine a piece moves by a few tenths of a microsecond between runs; on a busy one (other
+tenants evicting the caches too) the whole moves by 10-20%: compare two trees by running it
+from each, alternately, several times, while the load average stays low.
 
 The pieces: the requester builds a request and `request()`'s steps up to the end of its append
 (a deadline stamped, the reply registered, `send`); the answerer's `receive_nowait` (read,
