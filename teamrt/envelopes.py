@@ -52,10 +52,12 @@ P = TypeVar("P", bound=BaseModel)
 
 # --- ids -------------------------------------------------------------------------------------
 # 14 hex digits of microseconds since the epoch, 10 of a per-process random tag, 6 of a counter:
-# time-sortable, unique across processes without coordination, and about 0.3 us to make.
+# time-sortable, unique across processes without coordination, and about 0.25 us to make.
 
 _counter = itertools.count()
-_id_format = "%014x" + os.urandom(5).hex() + "%06x"  # the process's tag written in once
+# the process's tag, in its place among the id's 120 bits: an id is one int written as 15 bytes
+# of hex (a third cheaper than formatting three numbers into a string)
+_id_tag = int.from_bytes(os.urandom(5)) << 24
 
 # --- traces: every envelope sent while handling a task carries the task's trace id -----------
 
@@ -80,8 +82,8 @@ def tracing(trace_id: str | None) -> Iterator[None]:
 
 
 def _new_process_tag() -> None:
-    global _counter, _id_format
-    _id_format = "%014x" + os.urandom(5).hex() + "%06x"
+    global _counter, _id_tag
+    _id_tag = int.from_bytes(os.urandom(5)) << 24
     _counter = itertools.count()
 
 
@@ -90,12 +92,18 @@ os.register_at_fork(after_in_child=_new_process_tag)
 
 def new_id() -> str:
     """Return a new unique, time-sortable envelope id (30 lowercase hex digits)."""
-    return _id_format % (time.time_ns() // 1000, next(_counter) & 0xFFFFFF)
+    return _id_of(time.time_ns() // 1000)
 
 
 def _id_at(now: float) -> str:
-    """`new_id()` for an envelope stamped at `now` (`time.time()`): one clock read for both."""
-    return _id_format % (int(now * 1_000_000), next(_counter) & 0xFFFFFF)
+    """`new_id()` for an envelope stamped at `now` (`time.time()`): one clock read for both
+    (`_id_of`, inlined: once per envelope made)."""
+    return ((int(now * 1_000_000) << 64) | _id_tag | (next(_counter) & 0xFFFFFF)).to_bytes(15).hex()
+
+
+def _id_of(micros: int) -> str:
+    """The id made at `micros` microseconds since the epoch (below 2**56: until the year 4254)."""
+    return ((micros << 64) | _id_tag | (next(_counter) & 0xFFFFFF)).to_bytes(15).hex()
 
 
 # --- payload registry -------------------------------------------------------------------------
@@ -255,7 +263,7 @@ class Envelope(BaseModel):
         trace_id: str | None = None,
     ) -> Message:
         """A one-way envelope."""
-        if _plain(body, type, trace_id) and _names(sender, recipient):
+        if _plain(body, type, trace_id, sender, recipient):
             now = time.time()
             return _new(  # what _build would make: the fields checked here, by the same rules
                 Message,
@@ -299,10 +307,8 @@ class Envelope(BaseModel):
         """An envelope that expects a response; `timeout` sets its `deadline`."""
         now = time.time()
         deadline = None if timeout is None else now + timeout
-        if (
-            _plain(body, type, trace_id)
-            and _names(sender, recipient)
-            and (deadline is None or (builtins.type(deadline) is float and math.isfinite(deadline)))
+        if _plain(body, type, trace_id, sender, recipient) and (
+            deadline is None or (builtins.type(deadline) is float and math.isfinite(deadline))
         ):
             return _new(
                 Request,
@@ -343,8 +349,7 @@ class Envelope(BaseModel):
         sender, recipient, asked = request.recipient, request.sender, request.id
         trace_id = request.trace_id
         if (
-            _plain(body, type, trace_id)
-            and _names(sender, recipient)
+            _plain(body, type, trace_id, sender, recipient)
             and builtins.type(asked) is str
             and 0 < len(asked) <= 64
         ):
@@ -410,11 +415,9 @@ class Envelope(BaseModel):
         request's deadline from its timeout this way."""
         if self.__pydantic_extra__ or self.__pydantic_private__:  # a user's subclass keeps them
             return self.model_copy(update={"deadline": deadline})
-        return _new(
-            builtins.type(self),
-            {**self.__dict__, "deadline": deadline},
-            self.__pydantic_fields_set__ | _DEADLINE_SET,
-        )
+        values = self.__dict__.copy()  # every field, in the declared order
+        values["deadline"] = deadline
+        return _adopt(builtins.type(self), values, self.__pydantic_fields_set__ | _DEADLINE_SET)
 
     # -- reading --
 
@@ -476,25 +479,22 @@ _DEADLINE_SET: Final = frozenset(("deadline",))
 _DATA: Final = frozenset((dict, list, str, int, float, bool, type(None), tuple))
 
 
-def _names(sender: object, recipient: object) -> bool:
-    """True if both are valid names (as the models' `Name` says)."""
-    return (
-        builtins.type(sender) is str
-        and (sender in valid_names or is_name(sender))
-        and builtins.type(recipient) is str
-        and (recipient in valid_names or is_name(recipient))
-    )
-
-
-def _plain(body: Any, type_name: object, trace_id: object) -> bool:
+def _plain(
+    body: Any, type_name: object, trace_id: object, sender: object, recipient: object
+) -> bool:
     """True if a constructor may build its envelope directly (`_new`): the body is not a model
     (which `_dump_body` and `_type_of` turn into data and a type name), the type and trace id
-    are plain strings pydantic would keep as they are. Names are checked by `_names`."""
+    are plain strings pydantic would keep as they are, and both names are valid (as the
+    models' `Name` says). One call for all of it: it runs once per envelope made."""
     return (
         (builtins.type(body) in _DATA or not isinstance(body, BaseModel))
         and builtins.type(type_name) is str
         and 0 < len(type_name) <= 64
         and (trace_id is None or builtins.type(trace_id) is str)
+        and builtins.type(sender) is str
+        and (sender in valid_names or is_name(sender))
+        and builtins.type(recipient) is str
+        and (recipient in valid_names or is_name(recipient))
     )
 
 
@@ -506,10 +506,12 @@ def _construct_public(cls: type[E], values: dict[str, Any], fields_set: Iterable
     return cast(E, cls.model_construct(set(fields_set), **values))
 
 
-def _direct_constructor() -> Constructor | None:
+def _direct_constructor() -> tuple[Constructor, Constructor] | None:
     """What `model_construct` does for the envelope models (no extras kept, no private
-    attributes, no post-init), without its per-field Python loop: 0.6 us against 4 us. None if
-    this pydantic keeps more per instance than the four slots this knows."""
+    attributes, no post-init), without its per-field Python loop: 0.6 us against 4 us. Two
+    forms: one that copies `fields_set` into the new envelope's own set, and one that keeps the
+    set it is given (a new set the caller made for it). None if this pydantic keeps more per
+    instance than the four slots this knows."""
     slots = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
     if getattr(BaseModel, "__slots__", ()) != slots or any(
         cls.__pydantic_post_init__ for cls in (Message, Request, Response, Broadcast)
@@ -529,12 +531,23 @@ def _direct_constructor() -> Constructor | None:
         set_private(envelope, None)
         return envelope
 
-    return construct
+    def adopt(cls: type[E], values: dict[str, Any], fields_set: Iterable[str]) -> E:
+        envelope: E = new(cls)
+        set_dict(envelope, values)
+        set_fields_set(envelope, fields_set)
+        set_extra(envelope, None)
+        set_private(envelope, None)
+        return envelope
+
+    return construct, adopt
 
 
+_CONSTRUCTORS: Final = _direct_constructor() or (_construct_public, _construct_public)
 #: An envelope of class `cls` with `values` (every field, in the declared order, already valid)
 #: and `fields_set`, built without validation.
-_new: Final[Constructor] = _direct_constructor() or _construct_public
+_new: Final[Constructor] = _CONSTRUCTORS[0]
+#: `_new` for a `fields_set` that is a new set of the caller's own, which the envelope keeps.
+_adopt: Final[Constructor] = _CONSTRUCTORS[1]
 
 AnyEnvelope = Annotated[Message | Request | Response | Broadcast, Field(discriminator="kind")]
 

@@ -264,3 +264,26 @@ def test_with_deadline_is_model_copy() -> None:
     assert fast.model_fields_set == slow.model_fields_set
     assert list(fast.__dict__) == list(slow.__dict__)
     assert request.deadline is None  # the original is unchanged
+    # the copy has fields and a fields set of its own, as model_copy's does
+    assert type(fast.model_fields_set) is set
+    assert fast.model_fields_set is not request.model_fields_set
+    assert fast.__dict__ is not request.__dict__
+    again = fast.with_deadline(6.0)
+    assert again.model_fields_set is not fast.model_fields_set and fast.deadline == 5.0
+
+
+def test_an_id_is_its_time_tag_and_counter_in_hex() -> None:
+    """An id is 14 hex digits of microseconds, the process's 10-digit tag and a 6-digit
+    counter (wrapping at 2**24), as it was written with string formatting."""
+    from teamrt import envelopes
+
+    now = 1_764_560_000.123456
+    first = envelopes._id_at(now)
+    second = envelopes._id_at(now)
+    tag = f"{envelopes._id_tag >> 24:010x}"
+    assert first[:14] == f"{int(now * 1_000_000):014x}" and first[14:24] == tag
+    assert int(second[24:], 16) == (int(first[24:], 16) + 1) % (1 << 24)
+    assert second[:24] == first[:24] and len(first) == len(second) == 30
+    assert envelopes._id_of(0).startswith("0" * 14)
+    assert envelopes._id_of((1 << 56) - 1).startswith("f" * 14)
+    assert all(c in "0123456789abcdef" for c in first)

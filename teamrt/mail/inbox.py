@@ -602,8 +602,13 @@ class Inbox:
                 if not new:
                     return
                 read = True
-                entries.extend(new)
-            entry = entries.popleft()
+                if len(new) == 1:  # the usual wake-up: one record, handled without the queue
+                    entry = new[0]
+                else:
+                    entries.extend(new)
+                    entry = entries.popleft()
+            else:
+                entry = entries.popleft()
             raw = entry.raw
             decoded = decode_fields(raw) if not entry.too_long else None
             if type(decoded) is not EnvelopeFields:

@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Final, Self, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -33,11 +33,14 @@ from pydantic import ValidationError
 from teamrt import telemetry
 from teamrt.codec import encode
 from teamrt.envelopes import (
+    ERROR_TYPE,
     Broadcast,
     Envelope,
     ErrorBody,
     Request,
     Response,
+    _payloads,
+    _trace,
     current_trace,
     payload_model,
     validate_body,
@@ -70,6 +73,7 @@ __all__ = [
 
 log = logging.getLogger("teamrt.mail")
 T = TypeVar("T")
+_payload_for: Final = _payloads.get  # payload_model(), without its call (once per send)
 
 DEFAULT_RESCAN_INTERVAL = 1.0
 #: A request to a member that ran and is not running fails after this many seconds (the
@@ -229,16 +233,16 @@ class Mailboxes:
 
     # -- sending --
 
-    def _encode(self, envelope: Envelope) -> bytes:
+    def _encode(self, envelope: Envelope, *, traced: bool | None = None) -> bytes:
         """One envelope as `_encode_many` makes it; the usual one (nothing to fill in or check
         beyond the encoding: no task's trace, no telemetry, no payload model, no team key) the
-        short way, once per send."""
+        short way, once per send. `traced`: `telemetry.enabled()`, if the caller asked."""
         if (
             envelope.team is None
             and self._signer is None
-            and (envelope.trace_id is not None or current_trace() is None)
-            and not telemetry.enabled()
-            and payload_model(envelope.type) is None
+            and (envelope.trace_id is not None or _trace.get() is None)  # current_trace()
+            and not (telemetry.enabled() if traced is None else traced)
+            and _payload_for(envelope.type) is None
         ):
             encoded = encode(envelope, finite=True)
             if len(encoded) <= self.store.max_envelope:
@@ -280,31 +284,35 @@ class Mailboxes:
         """
         if not self._open:
             self._check_open()
-        if telemetry.enabled():
-            attributes = {
-                "messaging.system": "teamrt",
-                "messaging.operation.type": "send",
-                "messaging.destination.name": envelope.recipient,
-                "messaging.message.id": envelope.id,
-                "teamrt.envelope.kind": envelope.kind,
-                "teamrt.envelope.type": envelope.type,
-                "teamrt.sender": envelope.sender,
-            }
-            with telemetry.span(f"send {envelope.type}", attributes):
-                await self._send(envelope)
+        if not telemetry.enabled():
+            await self._send(envelope, False)
             return
-        await self._send(envelope)
+        attributes = {
+            "messaging.system": "teamrt",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": envelope.recipient,
+            "messaging.message.id": envelope.id,
+            "teamrt.envelope.kind": envelope.kind,
+            "teamrt.envelope.type": envelope.type,
+            "teamrt.sender": envelope.sender,
+        }
+        with telemetry.span(f"send {envelope.type}", attributes):
+            await self._send(envelope, True)
 
-    async def _send(self, envelope: Envelope) -> None:
-        encoded = self._encode(envelope)
-        if isinstance(envelope, Broadcast):
+    async def _send(self, envelope: Envelope, traced: bool) -> None:
+        """`send`, once open (`traced`: inside a telemetry span)."""
+        encoded = self._encode(envelope, traced=traced)
+        recipient = envelope.recipient
+        if recipient == "*" and isinstance(envelope, Broadcast):  # (only a broadcast's is "*")
             await self._broadcast(envelope, encoded)
             return
         try:
-            await self.store.append(envelope.recipient, encoded)
+            await self.store.append(recipient, encoded)
         except (StoreUnavailable, OutcomeUnknown):
-            await self._append(envelope.recipient, encoded)  # retried with the same bytes
-        self._wake(envelope.recipient)
+            await self._append(recipient, encoded)  # retried with the same bytes
+        inbox = self._inboxes.get(recipient)  # `_wake`, inlined: a receiver in this process
+        if inbox is not None:
+            inbox._signal()
 
     async def _append(self, recipient: str, encoded: bytes | Sequence[bytes]) -> None:
         """Append, retried as `_retrying` says."""
@@ -428,7 +436,7 @@ class Mailboxes:
             response = await self._watch_for_response(envelope, timeout, require_live)
         else:
             response = await self._request(envelope, timeout, deadline, require_live)
-        if response.is_error:
+        if response.type == ERROR_TYPE:  # `is_error`, without its call (a `Response` here)
             try:
                 body = ErrorBody.model_validate(response.body)
             except ValidationError:

@@ -211,18 +211,28 @@ class FileReader(InboxReader):
 
     def read_nowait(self) -> list[Entry]:
         try:
-            return self._read()
+            # one read without asking the size first: a read that returns less than it asked
+            # for reached the end (the usual wake-up; a seek for the size would be one more
+            # system call each time). It asks for less than READ_CHUNK: malloc maps a buffer of
+            # 128 KiB or more afresh at every read (about 8 us)
+            self.caught_up = False
+            decoder = self.decoder
+            chunk = os.pread(self.fd, FIRST_READ, decoder.offset)
+            if chunk and len(chunk) < FIRST_READ:  # the usual case: `_read`'s first step
+                entries = decoder.feed(chunk)
+                # all there was, and the segment is not full (a full one may have been rotated)
+                self.caught_up = decoder.offset < self.store.segment_bytes
+                return entries
+            return self._read(chunk)
         except OSError as exc:
             raise translate(exc, f"read {self.paths.name}'s inbox") from None
 
-    def _read(self) -> list[Entry]:
+    def _read(self, chunk: bytes | None = None) -> list[Entry]:
+        """Read what is new (`chunk`: what a first read at the position returned already)."""
         self.caught_up = False
         decoder = self.decoder
-        # one read without asking the size first: a read that returns less than it asked for
-        # reached the end (the usual wake-up; a seek for the size would be one more system call
-        # each time). It asks for less than READ_CHUNK: malloc maps a buffer of 128 KiB or more
-        # afresh at every read (about 8 us)
-        chunk = os.pread(self.fd, FIRST_READ, decoder.offset)
+        if chunk is None:
+            chunk = os.pread(self.fd, FIRST_READ, decoder.offset)
         if chunk:
             entries = decoder.feed(chunk)
             if len(chunk) < FIRST_READ:
