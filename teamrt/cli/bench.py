@@ -825,36 +825,28 @@ class Bench:
         child_cpu: Callable[[], Awaitable[float]],
     ) -> None:
         """One block of each kind of round trip, `n` exchanges each, tallied with `suffix`."""
-        theirs = await pipe.cpu()
-        with clock() as c:
-            times = await pipe.ping_pong(n)
-        theirs = await pipe.cpu() - theirs
-        t.add(f"pipe50{suffix}", pct(times, 50))
-        t.add(f"pipe99{suffix}", pct(times, 99))
-        t.add(f"pipe_cpu_here{suffix}", c.cpu / n * 1e6)
-        t.add(f"pipe_cpu_there{suffix}", theirs / n * 1e6)
 
-        theirs = await child_cpu()
-        times = []
-        with clock() as c:
+        async def requests(n: int) -> list[float]:
+            times = []
             for i in range(n):
                 start = time.perf_counter_ns()
                 await mail.request(Envelope.request("lead", "echo", i), timeout=30)
                 times.append((time.perf_counter_ns() - start) / 1000)
-        theirs = await child_cpu() - theirs
-        t.add(f"p50{suffix}", pct(times, 50))
-        t.add(f"p99{suffix}", pct(times, 99))
-        t.add(f"cpu_here{suffix}", c.cpu / n * 1e6)
-        t.add(f"cpu_there{suffix}", theirs / n * 1e6)
+            return times
 
-        theirs = await floor.cpu()
-        with clock() as c:
-            times = await floor.ping_pong(n)
-        theirs = await floor.cpu() - theirs
-        t.add(f"floor50{suffix}", pct(times, 50))
-        t.add(f"floor99{suffix}", pct(times, 99))
-        t.add(f"floor_cpu_here{suffix}", c.cpu / n * 1e6)
-        t.add(f"floor_cpu_there{suffix}", theirs / n * 1e6)
+        for (p50, p99, cpu), exchange, their_cpu in (
+            (("pipe50", "pipe99", "pipe_cpu"), pipe.ping_pong, pipe.cpu),
+            (("p50", "p99", "cpu"), requests, child_cpu),
+            (("floor50", "floor99", "floor_cpu"), floor.ping_pong, floor.cpu),
+        ):
+            theirs = await their_cpu()
+            with clock() as c:
+                times = await exchange(n)
+            theirs = await their_cpu() - theirs
+            t.add(p50 + suffix, pct(times, 50))
+            t.add(p99 + suffix, pct(times, 99))
+            t.add(f"{cpu}_here{suffix}", c.cpu / n * 1e6)
+            t.add(f"{cpu}_there{suffix}", theirs / n * 1e6)
 
     async def wakes(self) -> None:
         """An idle process woken by a send, beside an idle lean process woken through a pipe:
