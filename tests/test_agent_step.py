@@ -5,19 +5,23 @@ its signature. Each keeps what the long way did."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import pickle
 import random
+import time
 from collections.abc import Awaitable, Sequence
 
 import anyio
 import anyio.lowlevel
 import openai
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from teamrt.agents import Agent, Limits, RunReport, tool
 from teamrt.agents.loop import _ResultIndex, _signature_of, signature
-from teamrt.agents.state import PROGRESS_MEMORY, AgentState
+from teamrt.agents.state import PROGRESS_MEMORY, AgentState, OpenStep
 from teamrt.models import (
     ChatMessage,
     FunctionModel,
@@ -29,7 +33,7 @@ from teamrt.models import (
     call,
     calls,
 )
-from teamrt.models.base import ToolCall
+from teamrt.models.base import ToolCall, Usage
 
 
 async def test_a_model_timeout_fires_on_a_later_call_after_the_timer_moved() -> None:
@@ -213,3 +217,130 @@ def test_the_loops_result_index_agrees_with_the_states_list() -> None:
         assert index.is_new(by_index, digest) == by_list.is_new_result(digest), step
         assert by_index.seen_results == by_list.seen_results
     assert len(by_list.seen_results) == PROGRESS_MEMORY
+
+
+# -- messages made without validating them again -------------------------------------------
+
+
+def _same(made: BaseModel, validated: BaseModel) -> None:
+    assert type(made) is type(validated)
+    assert made == validated and made.model_dump() == validated.model_dump()
+    assert made.model_fields_set == validated.model_fields_set
+    assert made.model_dump_json() == validated.model_dump_json()
+    assert pickle.loads(pickle.dumps(made)) == validated
+    assert made.model_copy(deep=True) == validated
+
+
+def test_messages_made_from_valid_parts_are_what_validation_makes() -> None:
+    tool_call = ToolCall(id="c1", name="look", arguments='{"n": 1}')
+    _same(
+        ChatMessage.tool_result(tool_call, "ü result"),
+        ChatMessage(role="tool", content="ü result", tool_call_id="c1", name="look"),
+    )
+    assert hash(ChatMessage.tool_result(tool_call, "x")) == hash(
+        ChatMessage(role="tool", content="x", tool_call_id="c1", name="look")
+    )
+    with pytest.raises(ValidationError):  # frozen, as a validated one is
+        ChatMessage.tool_result(tool_call, "x").content = "y"  # type: ignore[misc]
+    for reply in (
+        ModelReply(text="hi"),
+        ModelReply(tool_calls=(tool_call,), reasoning=({"id": "r1"},)),
+        ModelReply(),
+    ):
+        _same(
+            reply.as_message(),
+            ChatMessage(
+                role="assistant",
+                content=reply.text,
+                tool_calls=reply.tool_calls,
+                reasoning=reply.reasoning,
+            ),
+        )
+    message = ModelReply(text="t").as_message()
+    _same(OpenStep.of(message, "stop"), OpenStep(reply=message, finish_reason="stop"))
+    _same(OpenStep.of(message, None), OpenStep(reply=message, finish_reason=None))
+    step = OpenStep.of(message, None)
+    step.results["c1"] = ChatMessage.tool_result(tool_call, "x")  # its own dict
+    assert OpenStep.of(message, None).results == {}
+    _same(
+        Usage(requests=1, input_tokens=2, output_tokens=3) + Usage(input_tokens=5),
+        Usage(requests=1, input_tokens=7, output_tokens=3),
+    )
+
+
+def test_parts_that_are_not_valid_are_still_refused() -> None:
+    tool_call = ToolCall(id="c1", name="look")
+    with pytest.raises(ValidationError):
+        ChatMessage.tool_result(tool_call, 5)  # type: ignore[arg-type]
+    odd = ModelReply.model_construct(text=7, tool_calls=(), reasoning=())  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        odd.as_message()
+
+
+def test_a_states_fields_set_by_the_loop_are_saved_and_compared() -> None:
+    state = AgentState(agent="a", task="t", messages=[])
+    state.steps += 2
+    state.open_step = OpenStep.of(ModelReply(text="t").as_message(), None)
+    again = AgentState.model_validate_json(state.model_dump_json())
+    assert again == state and again.steps == 2 and again.open_step == state.open_step
+
+
+# -- the model call's deadline, made and taken back by the loop -----------------------------
+
+
+async def test_a_cancellation_from_outside_during_a_timed_model_call_stays_one() -> None:
+    # the deadline fires while the task is also being cancelled from outside: the run is
+    # cancelled (not stopped as a model_timeout), and nothing is left pending on the task
+    entered = anyio.Event()
+
+    async def model(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        entered.set()
+        await anyio.sleep(30)
+        return "never"
+
+    agent = Agent("a", FunctionModel(model), limits=Limits(model_timeout=0.05))
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.run, "x")
+            await entered.wait()
+            await anyio.sleep(0.2)  # the deadline passed: the run stopped at it by now
+            scope.cancel()
+    report = agent.report()
+    assert report is not None and report.stop.limit == "model_timeout"
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+
+
+async def test_a_model_that_swallows_the_deadlines_cancellation_keeps_its_reply() -> None:
+    async def model(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        with contextlib.suppress(asyncio.CancelledError):  # a model that should not, but does
+            await anyio.sleep(30)
+        return "late but here"
+
+    agent = Agent("a", FunctionModel(model), limits=Limits(model_timeout=0.05))
+    with anyio.fail_after(10):
+        report = await agent.run("x")
+    assert report.ok and report.answer == "late but here"
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0  # the deadline's cancel taken back
+    await anyio.lowlevel.checkpoint()  # and no cancellation lands later
+
+
+async def test_a_task_cancelled_while_its_model_call_times_out_is_cancelled() -> None:
+    # the outside cancellation comes first, the deadline at the same moment: cancelled it is
+    started = anyio.Event()
+
+    async def model(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        started.set()
+        await anyio.sleep(30)
+        return "never"
+
+    agent = Agent("a", FunctionModel(model), limits=Limits(model_timeout=0.01))
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.run, "x")
+            await started.wait()
+            scope.cancel()
+            time.sleep(0.03)  # the loop's next pass has both: the cancellation and the deadline
+    assert scope.cancelled_caught
+    assert agent.state is not None and agent.state.stop is None  # not stopped at the deadline

@@ -696,7 +696,7 @@ class Agent:
             else:
                 await self._charge(state, reply.usage, self.model.name)
             state.steps += 1
-            open_step = OpenStep(reply=reply.as_message(), finish_reason=reply.finish_reason)
+            open_step = OpenStep.of(reply.as_message(), reply.finish_reason)
             handled = self.inbound.handled() if self.inbound is not None else []
             if handled:
                 state.remember_handled(handled)
@@ -850,16 +850,19 @@ class Agent:
             if bound == math.inf:  # no deadline: no timeout to enter and leave
                 reply = await self._asking(state, specs, output)
             else:
-                timeout = self._model_deadlines.start(bound)
+                deadlines = self._model_deadlines
+                deadlines.start(bound)
                 try:
-                    async with timeout:
-                        reply = await self._asking(state, specs, output)
-                except TimeoutError:
-                    if not timeout.expired():
-                        raise  # the model's own, not the deadline
-                    expired = True
-                finally:
-                    self._model_deadlines.finish()
+                    reply = await self._asking(state, specs, output)
+                except asyncio.CancelledError:
+                    if not deadlines.finish():
+                        raise  # a cancellation of this task, not the deadline's
+                    expired = True  # the deadline's, taken back
+                except BaseException:
+                    deadlines.finish()
+                    raise
+                else:
+                    deadlines.finish()  # (a cancellation the model swallowed is taken back)
             if not expired:
                 if reply is None:  # a broken model's fault, not a deadline
                     raise ModelError(
@@ -1165,7 +1168,12 @@ class Agent:
             state.tool_calls += 1
             admitted.append(call)
         if admitted:
-            await self._run_admitted(state, [c for c in admitted if c.id not in work.results], work)
+            pending = [c for c in admitted if c.id not in work.results]
+            left, passed = self._time_left()
+            if left == math.inf and len(pending) == 1:  # the common case, without the machinery
+                await self._run_one(state, pending[0], work, alone=True)
+            else:
+                await self._run_admitted(state, pending, work, left, passed)
         learned = waited = False
         for call in admitted:
             message = work.results[call.id]
@@ -1197,13 +1205,15 @@ class Agent:
             self._stop_at_limit(state, exc)
 
     async def _run_admitted(
-        self, state: AgentState, calls: list[ToolCall], work: _StepWork
+        self,
+        state: AgentState,
+        calls: list[ToolCall],
+        work: _StepWork,
+        left: float,
+        passed: Callable[[str], LimitExceeded],
     ) -> None:
-        """Run calls concurrently, a sequential tool alone; stop them at the run's deadline."""
-        left, passed = self._time_left()
-        if left == math.inf and len(calls) == 1:  # the common case, without the machinery
-            await self._run_one(state, calls[0], work, alone=True)
-            return
+        """Run calls concurrently, a sequential tool alone; stop them at the run's deadline
+        (`left` seconds from now; `passed` says which one it is, as `_time_left` does)."""
         groups: list[list[ToolCall]] = []
         for call in calls:
             alone = _is_sequential(self.toolbox, call)
@@ -1272,12 +1282,13 @@ class Agent:
             with telemetry.span(f"execute_tool {call.name}", attributes) as span:
                 result = await self._run_call(state, keyed, waits, alone)
                 telemetry.annotate(span, teamrt__tool__ok=result.ok)
+        elif alone and not waits:  # what _run_call does with such a call
+            if found is not None and found._inline:  # a plain function: nothing to await
+                result = self.toolbox._run_now(keyed, found)
+            else:
+                result = await self.toolbox.run(keyed)
         else:
-            result = (
-                await self.toolbox.run(keyed)  # what _run_call does with such a call
-                if alone and not waits
-                else await self._run_call(state, keyed, waits, alone)
-            )
+            result = await self._run_call(state, keyed, waits, alone)
         self._record(work, call, ChatMessage.tool_result(call, result.content))
         if listening:
             await self._emit(ToolCallFinished(call.id, call.name, result.content, result.ok))
@@ -1389,47 +1400,65 @@ def _rejected_answer(state: AgentState) -> str | None:
 class _CallDeadlines:
     """Deadlines of one call after another (a run's model calls) on one timer, not one each.
 
-    `start(seconds)` gives the call an `asyncio.Timeout` to enter at once, armed by this timer,
-    and `finish()` says the call is over. The timer is set for the earliest deadline noted; when
-    it fires, the call running then has its timeout moved to its own deadline (asyncio cancels
-    it at once if that has passed, or arms it for the rest), and the next call starts the timer
-    again. So a step that ends well within its deadline schedules and cancels no timer, and a
-    call past its deadline is cancelled as `asyncio.timeout` would (its `TimeoutError`).
+    `start(seconds)` says a call of the running task starts now and must end within `seconds`;
+    `finish()` says it is over. The timer is set for the earliest deadline noted; when it fires,
+    the call running then is cancelled if its own deadline has passed, or the timer is set again
+    for that deadline; a call that ended in time leaves the timer for the next call. So a step
+    that ends well within its deadline schedules and cancels no timer, and makes no
+    `asyncio.Timeout` to enter and leave: the cancellation is made and taken back here the way
+    `asyncio.timeout` does it (`Task.cancel`, then `Task.uncancel`, counted against the task's
+    cancellations when the call started, so that a cancellation from elsewhere stays one).
     """
 
     def __init__(self) -> None:
         self._handle: asyncio.TimerHandle | None = None
-        self._running: asyncio.Timeout | None = None
+        self._task: asyncio.Task[Any] | None = None
         self._when = math.inf
+        self._cancelling = 0  # the task's pending cancellations when its call started
+        self._cancelled = False  # this timer cancelled the running call
 
-    def start(self, seconds: float) -> asyncio.Timeout:
-        """The timeout of a call to start now, to end within `seconds` (finite: a call with
-        no deadline needs no timeout)."""
-        timeout = asyncio.timeout(None)
+    def start(self, seconds: float) -> None:
+        """A call of the running task starts, to end within `seconds` (finite)."""
         loop = asyncio.get_running_loop()
-        self._running, self._when = timeout, loop.time() + seconds
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a model call's deadline needs a task")  # pragma: no cover
+        self._task, self._when = task, loop.time() + seconds
+        self._cancelling, self._cancelled = task.cancelling(), False
         handle = self._handle
         if handle is None or handle.when() > self._when:
             if handle is not None:
                 handle.cancel()
             self._handle = loop.call_at(self._when, self._fire)
-        return timeout
 
-    def finish(self) -> None:
-        """The call that started last is over (the timer, if set, stays for the next one)."""
-        self._running = None
+    def finish(self) -> bool:
+        """The call that started last is over (the timer, if set, stays for the next one).
+        True if its deadline cancelled it and no other cancellation of the task is pending:
+        its `CancelledError` is then the deadline's, to be taken as a timeout."""
+        task, self._task = self._task, None
+        if not self._cancelled or task is None:
+            return False
+        self._cancelled = False
+        return task.uncancel() <= self._cancelling
 
     def close(self) -> None:
         """No more calls: the timer is cancelled."""
-        self._running = None
+        self._task = None
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
 
     def _fire(self) -> None:
         self._handle = None
-        if self._running is not None:
-            self._running.reschedule(self._when)
+        task = self._task
+        if task is None or self._cancelled:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._when:
+            self._cancelled = True
+            task.cancel()
+        else:  # set for an earlier call's deadline: this call's is later
+            self._handle = loop.call_at(self._when, self._fire)
 
 
 _UNBOUNDED = contextlib.nullcontext()

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from teamrt._assemble import assemble
 from teamrt.models.base import ChatMessage, Usage
 
 StopReason = Literal[
@@ -44,6 +45,14 @@ class OpenStep(BaseModel):
     reply: ChatMessage
     finish_reason: str | None = None
     results: dict[str, ChatMessage] = Field(default_factory=dict)  # call id -> its result
+
+    @classmethod
+    def of(cls, reply: ChatMessage, finish_reason: str | None) -> OpenStep:
+        """The step of a reply just made (once per model call: not validated again)."""
+        if type(reply) is ChatMessage and (finish_reason is None or type(finish_reason) is str):
+            values: dict[str, Any] = {"reply": reply, "finish_reason": finish_reason, "results": {}}
+            return assemble(cls, values, {"reply", "finish_reason"})
+        return cls(reply=reply, finish_reason=finish_reason)
 
 
 class AgentState(BaseModel):
@@ -85,6 +94,11 @@ class AgentState(BaseModel):
     seen_results: list[str] = Field(default_factory=list)  # digests of recent tool results
     answer: str | None = None  # a typed run's answer is the value as JSON text
     stop: Stop | None = None
+
+    # The loop sets about ten fields a step. No assignment is validated, the state has no
+    # private attributes, and nothing reads which fields were set after it was made, so a
+    # field is set straight into the instance's dict (pydantic's own path costs twice as much).
+    __setattr__ = object.__setattr__
 
     def count_call(self, signature: str) -> int:
         """How many times this exact call was made before; then remember one more."""

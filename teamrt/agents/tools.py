@@ -345,12 +345,25 @@ class Toolbox:
         if found is None:
             available = ", ".join(self._tools) or "none"
             return _error("UnknownTool", f"no tool named {call.name!r}; available: {available}")
+        if found._inline:
+            return self._run_now(call, found)
         args = found.parse(call.arguments)
         if isinstance(args, ToolResult):
             return args
         token = _current_call.set(call)
         try:
-            return found._call_inline(args) if found._inline else await found.call(args)
+            return await found.call(args)
+        finally:
+            _current_call.reset(token)
+
+    def _run_now(self, call: ToolCall, found: Tool) -> ToolResult:
+        """`run` for a call of `found`, a plain sync tool (`Tool._inline`): nothing to await."""
+        args = found.parse(call.arguments)
+        if isinstance(args, ToolResult):
+            return args
+        token = _current_call.set(call)
+        try:
+            return found._call_inline(args)
         finally:
             _current_call.reset(token)
 

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from teamrt._assemble import assemble
 from teamrt.errors import ModelRequestsBlocked
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -53,7 +54,19 @@ class ChatMessage(BaseModel):
 
     @classmethod
     def tool_result(cls, call: ToolCall, content: str) -> ChatMessage:
-        return cls(role="tool", content=content, tool_call_id=call.id, name=call.name)
+        id_, name = call.id, call.name
+        if cls is ChatMessage and type(content) is str and type(id_) is str and type(name) is str:
+            # valid as they are: made without validating them again (once per tool call)
+            values = {
+                "role": "tool",
+                "content": content,
+                "tool_calls": (),
+                "tool_call_id": id_,
+                "name": name,
+                "reasoning": (),
+            }
+            return assemble(cls, values, {"role", "content", "tool_call_id", "name"})
+        return cls(role="tool", content=content, tool_call_id=id_, name=name)
 
 
 class ToolSpec(BaseModel):
@@ -93,11 +106,18 @@ class Usage(BaseModel):
         return self.input_tokens + self.output_tokens
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            requests=self.requests + other.requests,
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-        )
+        requests = self.requests + other.requests
+        input_tokens = self.input_tokens + other.input_tokens
+        output_tokens = self.output_tokens + other.output_tokens
+        if type(requests) is int and type(input_tokens) is int and type(output_tokens) is int:
+            # sums of ints are valid as they are (once per model call)
+            values = {
+                "requests": requests,
+                "input_tokens": input_tokens,
+                "output_tokens": output_tokens,
+            }
+            return assemble(Usage, values, {"requests", "input_tokens", "output_tokens"})
+        return Usage(requests=requests, input_tokens=input_tokens, output_tokens=output_tokens)
 
 
 class ModelReply(BaseModel):
@@ -124,12 +144,23 @@ class ModelReply(BaseModel):
     reasoning: tuple[dict[str, Any], ...] = ()  # Responses API reasoning items, to send back
 
     def as_message(self) -> ChatMessage:
-        return ChatMessage(
-            role="assistant",
-            content=self.text,
-            tool_calls=self.tool_calls,
-            reasoning=self.reasoning,
-        )
+        text, calls, reasoning = self.text, self.tool_calls, self.reasoning
+        if (
+            (text is None or type(text) is str)
+            and type(calls) is tuple
+            and type(reasoning) is tuple
+        ):
+            # a validated reply's fields are a valid message's (once per model call)
+            values = {
+                "role": "assistant",
+                "content": text,
+                "tool_calls": calls,
+                "tool_call_id": None,
+                "name": None,
+                "reasoning": reasoning,
+            }
+            return assemble(ChatMessage, values, {"role", "content", "tool_calls", "reasoning"})
+        return ChatMessage(role="assistant", content=text, tool_calls=calls, reasoning=reasoning)
 
 
 class TextDelta(BaseModel):
