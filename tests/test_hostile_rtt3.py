@@ -520,7 +520,7 @@ async def test_requests_answers_errors_and_broadcasts_in_every_context(
         assert got.traceparent is None
 
 
-# --- the reader's first read and the inbox's lone record --------------------------------------------
+# --- the reader's first read and the inbox's lone record -----------------------------------------
 
 
 def _raw(envelope: Envelope) -> bytes:
@@ -614,7 +614,7 @@ async def test_mixed_reads_of_mixed_records_lose_and_repeat_nothing(
         assert [json.loads(line)["reason"] for line in quarantined] == bad_reasons
 
 
-# --- a second process -------------------------------------------------------------------------
+# --- a second process ----------------------------------------------------------------------------
 
 
 def _spawn(*args: str) -> subprocess.Popen[bytes]:
@@ -641,8 +641,9 @@ async def test_signed_requests_with_deadlines_answered_by_another_process(tmp_pa
                 answers: list[Response] = []
                 for n in range(count):
                     label = "fail" if n == 3 else "é" * n
-                    request = Envelope.request("lead", "worker", {"n": n, "label": label},
-                                               type=TASK, timeout=None if n % 2 else 45)  # fmt: skip
+                    timeout = None if n % 2 else 45.0
+                    body = {"n": n, "label": label}
+                    request = Envelope.request("lead", "worker", body, type=TASK, timeout=timeout)
                     if label == "fail":
                         with pytest.raises(RemoteError, match="no 3"):
                             await mail.request(request, timeout=40, require_live=False)
@@ -682,6 +683,6 @@ if __name__ == "__main__":
     import signal
 
     signal.alarm(60)
-    mode, *rest = sys.argv[1:]
+    mode, team_path, served = sys.argv[1:]
     assert mode == "serve"
-    anyio.run(_serve_in_child, *rest)
+    anyio.run(_serve_in_child, team_path, served)
