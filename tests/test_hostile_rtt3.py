@@ -614,6 +614,135 @@ async def test_mixed_reads_of_mixed_records_lose_and_repeat_nothing(
         assert [json.loads(line)["reason"] for line in quarantined] == bad_reasons
 
 
+# --- values at the edges, through the stores ------------------------------------------------------
+
+
+async def test_times_beyond_2_53_big_ints_and_unicode_cross_the_store_unchanged(
+    make_mail: Callable[..., Mailboxes],
+) -> None:
+    """What the short decode hands to the slower paths (times beyond 2**53, ints beyond 64
+    bits, deep nesting) and what it keeps (unicode, -0.0, tiny floats) arrive as sent."""
+    sent: list[Envelope] = [
+        Envelope.message("lead", "worker", "x").model_copy(update={"ts": 2.0**53 + 2}),
+        Envelope.message("lead", "worker", [1, 2]).model_copy(update={"ts": 1e300}),
+        Envelope.request("lead", "worker", "r", timeout=1e16),  # deadline beyond 2**53
+        Envelope.request("lead", "worker", "r").with_deadline(-(2.0**60)),
+        Envelope.message("lead", "worker", {"big": 2**64, "bigger": -(10**30), "f": 5e-324}),
+        Envelope.message("lead", "worker", [2**63, -(2**63) - 1, -0.0, 1e308]),
+        Envelope.message("lead", "worker", '\U0001f600\u2028\x00\x7f\\"', type="é" * 64),
+        Envelope.message("lead", "worker", {"é\U0001f600": {"\n": [[[[[[[[None]]]]]]]]}}),
+        Envelope.message("lead", "worker", [json.loads("[" * 20 + "1" + "]" * 20)] * 30),
+    ]
+    async with make_mail() as mail:
+        worker = await mail.open_inbox("worker")
+        for envelope in sent:
+            await mail.send(envelope)
+        with anyio.fail_after(20):
+            got = [await worker.receive() for _ in sent]
+        for before, after in zip(sent, got, strict=True):
+            assert after.id == before.id and type(after) is type(before)
+            assert repr(after.body) == repr(before.body)
+            assert (after.ts, after.deadline, after.type) == (
+                before.ts,
+                before.deadline,
+                before.type,
+            )
+        assert worker.statistics().quarantined == 0
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+async def test_non_finite_values_are_refused_before_anything_is_written(
+    make_mail: Callable[..., Mailboxes], bad: float
+) -> None:
+    """With telemetry on (the send's span around the refusal) and off, a NaN or Infinity in
+    the body (flat, nested, past the flat items), ts or deadline is refused and nothing reaches
+    the inbox; the good envelope after them arrives first."""
+    plain = Envelope.message("lead", "worker", "x")
+    refused: list[Envelope] = [
+        Envelope.message("lead", "worker", bad),
+        Envelope.message("lead", "worker", [bad]),
+        Envelope.message("lead", "worker", {"a": {"b": [1, bad]}}),
+        Envelope.message("lead", "worker", [*range(40), bad]),
+        Envelope.message("lead", "worker", {"pad": "x" * 600, "deep": [[bad]]}),
+        plain.model_copy(update={"ts": bad}),
+        Envelope.request("lead", "worker", "r").with_deadline(bad),
+        _Scored(sender="lead", recipient="worker", body="x", score=bad),
+    ]
+    async with make_mail() as mail:
+        worker = await mail.open_inbox("worker")
+        for on in (False, True):
+            with _telemetry() if on else contextlib.nullcontext() as exporter:
+                for envelope in refused:
+                    with pytest.raises(InvalidEnvelope):
+                        await mail.send(envelope)
+                if exporter is not None:  # each refused send still ended its span
+                    assert len(exporter.get_finished_spans()) == len(refused)
+        good = Envelope.message("lead", "worker", "after")
+        await mail.send(good)
+        with anyio.fail_after(20):
+            assert (await worker.receive()).id == good.id
+        with pytest.raises(anyio.WouldBlock):
+            worker.receive_nowait()
+
+
+async def test_watched_requests_get_their_answers_and_errors(
+    make_mail: Callable[..., Mailboxes],
+) -> None:
+    """`request(consume=False)` reads the answer with `decode_line`, beside the inbox's owner:
+    an answer, an error (`RemoteError`), an answer from someone not asked (ignored)."""
+    async with make_mail() as mail:
+        worker = await mail.open_inbox("worker")
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_serve, mail, worker, 2)
+                asked = Envelope.request("lead", "worker", {"n": 1}, type=TASK)
+                answer = await mail.request(asked, timeout=20, consume=False, require_live=False)
+                assert answer.in_reply_to == asked.id and answer.body == {"n": 1}
+                failing = Envelope.request("lead", "worker", {"n": 5, "label": "fail"}, type=TASK)
+                with pytest.raises(RemoteError, match="no 5"):
+                    await mail.request(failing, timeout=20, consume=False, require_live=False)
+
+
+_HOSTILE_NAMES: list[Any] = [*_NAMES, None, 5, b"lead", "lead ", " lead", "lead\n"]
+
+
+@pytest.mark.parametrize("who", ["sender", "recipient"])
+def test_a_response_to_a_request_with_a_hostile_name_builds_what_pydantic_builds(
+    who: str,
+) -> None:
+    """`Envelope.response` checks the names itself (`_plain`) and builds directly: for every
+    name it must build the envelope, or raise the error, that validation does."""
+    from teamrt.envelopes import _build
+
+    for name in _HOSTILE_NAMES:
+        values = {"sender": "lead", "recipient": "worker", who: name}
+        request = Request.model_construct(**values, body="q")  # type: ignore[arg-type]
+
+        def fast(request: Request = request) -> Envelope:
+            return Envelope.response(request, {"ok": True})
+
+        def slow(request: Request = request) -> Envelope:
+            return _build(
+                Response,
+                sender=request.recipient,
+                recipient=request.sender,
+                body={"ok": True},
+                type="result",
+                in_reply_to=request.id,
+                trace_id=request.trace_id,
+            )
+
+        outcomes = []
+        for make in (fast, slow):
+            try:
+                built = make()
+            except Exception as exc:  # the same error, both ways
+                outcomes.append((type(exc).__name__, str(exc)))
+            else:
+                outcomes.append(("built", (built.sender, built.recipient, built.in_reply_to)))
+        assert outcomes[0] == outcomes[1], name
+
+
 # --- a second process ----------------------------------------------------------------------------
 
 
