@@ -716,7 +716,7 @@ def test_a_response_to_a_request_with_a_hostile_name_builds_what_pydantic_builds
 
     for name in _HOSTILE_NAMES:
         values = {"sender": "lead", "recipient": "worker", who: name}
-        request = Request.model_construct(**values, body="q")  # type: ignore[arg-type]
+        request = Request.model_construct(**values, body="q")
 
         def fast(request: Request = request) -> Envelope:
             return Envelope.response(request, {"ok": True})
@@ -732,7 +732,7 @@ def test_a_response_to_a_request_with_a_hostile_name_builds_what_pydantic_builds
                 trace_id=request.trace_id,
             )
 
-        outcomes = []
+        outcomes: list[tuple[str, object]] = []
         for make in (fast, slow):
             try:
                 built = make()
