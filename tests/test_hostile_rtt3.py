@@ -45,7 +45,7 @@ from teamrt.envelopes import (
     register_payload,
     tracing,
 )
-from teamrt.errors import InvalidEnvelope, RemoteError
+from teamrt.errors import InvalidEnvelope, RemoteError, StoreCorrupt
 from teamrt.mail.filestore.paths import FIRST_READ
 from teamrt.mail.filestore.store import FileStore
 from teamrt.mail.inbox import Inbox
@@ -612,6 +612,41 @@ async def test_mixed_reads_of_mixed_records_lose_and_repeat_nothing(
         store = FileStore(tmp_path / "team")
         quarantined = store.inbox_paths("worker").quarantine.read_text().splitlines()
         assert [json.loads(line)["reason"] for line in quarantined] == bad_reasons
+
+
+@pytest.mark.parametrize("how", ["renamed over", "rewritten in place"])
+async def test_a_log_replaced_between_two_reads(tmp_path: Path, how: str) -> None:
+    """The reader caught up; the log is then replaced by a longer copy of itself, either as a
+    new file renamed over it or rewritten in place (the same inode: truncated, then written
+    past the read position). The first is reported (`StoreCorrupt`); in the second the
+    records past the position are the ones already handled, and none is delivered twice."""
+    async with _file_mail(tmp_path) as mail:
+        worker = await mail.open_inbox("worker")
+        sent = [Envelope.message("lead", "worker", f"m{i}") for i in range(3)]
+        for envelope in sent:
+            await mail.send(envelope)
+        with anyio.fail_after(20):
+            assert [(await worker.receive()).id for _ in sent] == [e.id for e in sent]
+        assert worker._reading.caught_up
+        log_path = mail.store.inbox_paths("worker").log  # type: ignore[attr-defined]
+        data = log_path.read_bytes()
+        if how == "renamed over":
+            copy = log_path.with_name("copy.tmp")
+            copy.write_bytes(data + data)
+            os.replace(copy, log_path)
+        else:
+            with open(log_path, "r+b") as log:
+                log.truncate(0)
+                log.write(data + data)
+        worker._signal()
+        if how == "renamed over":
+            with pytest.raises(StoreCorrupt, match="deleted or replaced"):
+                await worker.receive(timeout=5)
+            return
+        with pytest.raises(anyio.WouldBlock):
+            worker.receive_nowait()
+        assert worker.statistics().duplicates_dropped == len(sent)
+        assert worker.statistics().quarantined == 0
 
 
 # --- values at the edges, through the stores ------------------------------------------------------
