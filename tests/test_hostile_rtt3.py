@@ -383,6 +383,39 @@ def test_with_deadline_is_model_copy_and_shares_nothing(make: Callable[[], Envel
     assert original.deadline == make().deadline or original.deadline is not None
 
 
+async def test_subclassed_requests_get_their_deadline_and_their_answer(
+    make_mail: Callable[..., Mailboxes],
+) -> None:
+    """`request(timeout=...)` stamps the deadline through `with_deadline` on a user's subclass
+    (extras allowed, with and without any; a field of its own; a private attribute): the
+    request sent keeps its class's fields, the worker reads the envelope's own fields, and the
+    answer comes back."""
+    made: list[Request] = [
+        _Loose(sender="lead", recipient="worker", body={"n": 1}, type=TASK),
+        _Loose(sender="lead", recipient="worker", body={"n": 2}, type=TASK, note="é"),
+        _Tagged(sender="lead", recipient="worker", body={"n": 3}, type=TASK, tag="mine"),
+        _Private(sender="lead", recipient="worker", body={"n": 4}, type=TASK),
+    ]
+    async with make_mail() as mail:
+        worker = await mail.open_inbox("worker")
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                seen: list[Envelope] = []
+
+                async def serve() -> None:
+                    seen.extend(await _serve(mail, worker, len(made)))
+
+                tg.start_soon(serve)
+                for request in made:
+                    answer = await mail.request(request, timeout=25)
+                    assert answer.in_reply_to == request.id and answer.body == request.body
+                    assert request.deadline is None  # the caller's envelope is not changed
+        assert worker.statistics().quarantined == 0
+    assert [envelope.id for envelope in seen] == [request.id for request in made]
+    for request, received in zip(made, seen, strict=True):
+        assert type(received) is Request and received.deadline == request.ts + 25
+
+
 # --- encoding: NaN and Infinity anywhere in an envelope ------------------------------------------
 
 
@@ -635,9 +668,12 @@ async def test_a_log_replaced_between_two_reads(tmp_path: Path, how: str) -> Non
             copy.write_bytes(data + data)
             os.replace(copy, log_path)
         else:
-            with open(log_path, "r+b") as log:
-                log.truncate(0)
-                log.write(data + data)
+            fd = os.open(log_path, os.O_WRONLY)  # the same inode, written again from 0
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, data + data, 0)
+            finally:
+                os.close(fd)
         worker._signal()
         if how == "renamed over":
             with pytest.raises(StoreCorrupt, match="deleted or replaced"):
