@@ -157,9 +157,9 @@ def validate_body(type_name: str, body: Any) -> None:
 
 def _refuse_constant(name: str) -> Any:
     raise InvalidEnvelope(
-        f"the envelope holds {name} (in its body, ts or deadline), which JSON cannot carry (it "
-        "would arrive as null or not at all); use a finite number, a string or null; nothing "
-        "was sent"
+        f"the envelope holds {name} (in its body, ts, deadline or a field of its own), which JSON "
+        "cannot carry (it would arrive as null or not at all); use a finite number, a string or "
+        "null; nothing was sent"
     )
 
 
@@ -173,7 +173,13 @@ def check_finite(envelope: Envelope, encoded: bytes) -> None:
     writes NaN and Infinity as bare `NaN` / `Infinity`, so encoded bytes without a capital N or I
     (two memchr scans) hold neither; only the rest is searched, and parsed when a hint is found.
     """
-    if type(envelope.body) in _SCALAR_BODIES:
+    # a scalar body leaves only the times to check, unless a subclass adds fields of its own
+    # (declared, or extras) that may hold a float
+    if (
+        type(envelope.body) in _SCALAR_BODIES
+        and len(envelope.__dict__) == _FIELD_COUNT
+        and not envelope.__pydantic_extra__
+    ):
         deadline = envelope.deadline
         if math.isfinite(envelope.ts) and (deadline is None or math.isfinite(deadline)):
             return
@@ -413,7 +419,9 @@ class Envelope(BaseModel):
         """A copy with `deadline` (epoch seconds, or None), as `model_copy(update={"deadline":
         deadline})` makes it (not validated), at a third of the cost: `request()` sets a
         request's deadline from its timeout this way."""
-        if self.__pydantic_extra__ or self.__pydantic_private__:  # a user's subclass keeps them
+        # a user's subclass keeps its extras (an empty dict, where it allows them) and private
+        # attributes
+        if self.__pydantic_extra__ is not None or self.__pydantic_private__:
             return self.model_copy(update={"deadline": deadline})
         values = self.__dict__.copy()  # every field, in the declared order
         values["deadline"] = deadline
@@ -463,6 +471,9 @@ class Broadcast(Envelope):
 
     BROADCAST_RECIPIENT: ClassVar[str] = "*"
 
+
+#: How many fields an envelope has (a subclass may add its own).
+_FIELD_COUNT: Final = len(Envelope.model_fields)
 
 # --- direct construction: the constructors' hot path ------------------------------------------
 
