@@ -12,6 +12,7 @@ Where this pydantic keeps more per instance than the four slots known here, it i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -28,10 +29,20 @@ if getattr(BaseModel, "__slots__", ()) == _SLOTS:
     )
 
     def assemble(cls: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
-        """A `cls` holding `values` (every field, valid), with `fields_set` as given."""
+        """A `cls` holding `values` (every field, valid), with `fields_set`, a set of the
+        caller's own, which it keeps."""
         model: M = _new(cls)
         _set_dict(model, values)
         _set_fields_set(model, fields_set)
+        _set_extra(model, None)
+        _set_private(model, None)
+        return model
+
+    def assemble_copy(cls: type[M], values: dict[str, Any], fields_set: Iterable[str]) -> M:
+        """`assemble` with a copy of `fields_set` (one that is shared, a frozenset say)."""
+        model: M = _new(cls)
+        _set_dict(model, values)
+        _set_fields_set(model, set(fields_set))
         _set_extra(model, None)
         _set_private(model, None)
         return model
@@ -41,3 +52,7 @@ else:  # pragma: no cover - a pydantic this was not written for
     def assemble(cls: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
         """A `cls` holding `values` (every field, valid), with `fields_set` as given."""
         return cls.model_construct(fields_set, **values)
+
+    def assemble_copy(cls: type[M], values: dict[str, Any], fields_set: Iterable[str]) -> M:
+        """`assemble` with a copy of `fields_set`."""
+        return cls.model_construct(set(fields_set), **values)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -32,9 +33,9 @@ os.environ["TEAMRT_ALLOW_MODEL_REQUESTS"] = "0"
 set_model_requests_allowed(False)
 
 
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    """Telemetry on for the test, its finished spans kept in memory."""
+@contextlib.contextmanager
+def spans_in_memory() -> Iterator[InMemorySpanExporter]:
+    """Telemetry on, its finished spans kept in memory; off again after."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -47,3 +48,10 @@ def exporter() -> Iterator[InMemorySpanExporter]:
         yield memory
     finally:
         telemetry.disable()
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    """Telemetry on for the test, its finished spans kept in memory."""
+    with spans_in_memory() as memory:
+        yield memory

@@ -25,7 +25,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ import anyio
 import pytest
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from teamrt import Envelope, FileMailboxes, telemetry
+from teamrt import Envelope, FileMailboxes
 from teamrt.codec import _SHALLOW_BELOW, EnvelopeFields, decode_fields, encode
 from teamrt.envelopes import (
     Broadcast,
@@ -52,6 +52,7 @@ from teamrt.mail.filestore.store import FileStore
 from teamrt.mail.inbox import Inbox
 from teamrt.mail.log import decode_line, stamp
 from teamrt.mail.mailboxes import Mailboxes
+from tests.conftest import spans_in_memory as _telemetry
 from tests.redis_server import RedisServer, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
@@ -136,23 +137,6 @@ class _Task(BaseModel):
 
 TASK = "hostile-rtt3-task"
 register_payload(TASK, _Task)
-
-
-@contextlib.contextmanager
-def _telemetry() -> Iterator[Any]:
-    """Telemetry on, spans kept in memory; off again after."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    telemetry.enable(provider)
-    try:
-        yield exporter
-    finally:
-        telemetry.disable()
 
 
 # --- decode_fields: the inlined checks of a short line -------------------------------------------
