@@ -854,10 +854,13 @@ class Agent:
                 deadlines.start(bound)
                 try:
                     reply = await self._asking(state, specs, output)
-                except asyncio.CancelledError:
+                except (asyncio.CancelledError, TimeoutError):
+                    # the deadline's cancellation (taken back), or a TimeoutError a model made
+                    # of it, is the deadline; any other is a cancellation of this task, or the
+                    # model's own timeout
                     if not deadlines.finish():
-                        raise  # a cancellation of this task, not the deadline's
-                    expired = True  # the deadline's, taken back
+                        raise
+                    expired = True
                 except BaseException:
                     deadlines.finish()
                     raise

@@ -49,7 +49,11 @@ class OpenStep(BaseModel):
     @classmethod
     def of(cls, reply: ChatMessage, finish_reason: str | None) -> OpenStep:
         """The step of a reply just made (once per model call: not validated again)."""
-        if type(reply) is ChatMessage and (finish_reason is None or type(finish_reason) is str):
+        if (
+            cls is OpenStep
+            and type(reply) is ChatMessage
+            and (finish_reason is None or type(finish_reason) is str)
+        ):
             values: dict[str, Any] = {"reply": reply, "finish_reason": finish_reason, "results": {}}
             return assemble(cls, values, {"reply", "finish_reason"})
         return cls(reply=reply, finish_reason=finish_reason)
@@ -95,10 +99,23 @@ class AgentState(BaseModel):
     answer: str | None = None  # a typed run's answer is the value as JSON text
     stop: Stop | None = None
 
-    # The loop sets about ten fields a step. No assignment is validated, the state has no
-    # private attributes, and nothing reads which fields were set after it was made, so a
-    # field is set straight into the instance's dict (pydantic's own path costs twice as much).
-    __setattr__ = object.__setattr__
+    # The loop sets about ten fields a step. No assignment is validated and the state has no
+    # private attributes, so a field is set straight into the instance's dict and noted as set
+    # (what pydantic's own path does, at half its cost); any other name goes that path (and is
+    # refused), and a subclass that validates assignments or is frozen takes it for every name.
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _STATE_FIELDS:
+            self.__dict__[name] = value
+            self.__pydantic_fields_set__.add(name)
+        else:
+            BaseModel.__setattr__(self, name, value)
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        config = cls.model_config
+        if config.get("validate_assignment") or config.get("frozen"):
+            cls.__setattr__ = BaseModel.__setattr__  # type: ignore[method-assign,assignment]
 
     def count_call(self, signature: str) -> int:
         """How many times this exact call was made before; then remember one more."""
@@ -135,6 +152,10 @@ class AgentState(BaseModel):
         if len(self.seen_results) > PROGRESS_MEMORY:
             return self.seen_results.pop(0)
         return None
+
+
+#: The fields `AgentState.__setattr__` sets straight into the instance's dict.
+_STATE_FIELDS = frozenset(AgentState.model_fields)
 
 
 class RunReport(BaseModel):

@@ -149,8 +149,15 @@ class ModelReply(BaseModel):
             (text is None or type(text) is str)
             and type(calls) is tuple
             and type(reasoning) is tuple
+            and (
+                not calls
+                or (len(calls) == 1 and type(calls[0]) is ToolCall)
+                or all(type(c) is ToolCall for c in calls)
+            )
+            and (not reasoning or all(type(r) is dict for r in reasoning))
         ):
-            # a validated reply's fields are a valid message's (once per model call)
+            # a validated reply's fields are a valid message's (once per model call); one made
+            # by `model_construct` may hold raw parts, which validation turns into valid ones
             values = {
                 "role": "assistant",
                 "content": text,
