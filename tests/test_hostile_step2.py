@@ -341,8 +341,9 @@ async def test_a_resumed_run_keeps_its_deadline(tmp_path: Any) -> None:
 
 
 def test_a_constructed_reply_with_raw_tool_calls_becomes_a_valid_message() -> None:
-    # bug: as_message assembled raw dicts into the message's tool calls. A reply made with model_construct holds what it was given: a message made of it is
-    # validated (the tool calls become ToolCalls, as validation makes them), not trusted
+    # bug: as_message assembled raw dicts into the message's tool calls. A reply made with
+    # model_construct holds what it was given: a message made of it is validated (the tool
+    # calls become ToolCalls, as validation makes them), not trusted
     raw = {"id": "c1", "name": "look", "arguments": "{}"}
     raw_calls: Any = (raw,)
     reply = ModelReply.model_construct(text="t", tool_calls=raw_calls, reasoning=())
