@@ -17,10 +17,12 @@ import anyio.lowlevel
 import pytest
 from pydantic import ConfigDict, ValidationError, field_validator
 
-from teamrt.agents import Agent, Limits, RunReport
+from teamrt import MemoryMailboxes
+from teamrt.agents import Agent, Limits, RunReport, Toolbox, current_call_id
 from teamrt.agents.state import AgentState, OpenStep
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ScriptedModel, ToolSpec, call
 from teamrt.models.base import ToolCall, Usage
+from teamrt.team import Team, TeamBudget, Teammate
 
 
 def _no_cancellation_left() -> None:
@@ -447,3 +449,58 @@ def test_a_state_subclass_that_validates_assignment_still_does() -> None:
         state.steps = "many"  # type: ignore[assignment]
     state.steps = 3
     assert state.steps == 3 and "steps" in state.model_fields_set
+
+
+# -- teammates, sync tools --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("per_call", [None, 5.0])
+async def test_teammates_stop_at_the_teams_shared_deadline(per_call: float | None) -> None:
+    entered = anyio.Event()
+    budget = TeamBudget(deadline=0.1)
+    limits = Limits(model_timeout=per_call, max_model_time=per_call)
+    async with MemoryMailboxes() as mail:
+        members = [Teammate(name, _hanging(entered), limits=limits) for name in ("a", "b")]
+        async with Team(mail, members, budget=budget) as team:
+            results: dict[str, Any] = {}
+
+            async def ask(name: str) -> None:
+                results[name] = await team.ask(name, "hang", timeout=10)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for name in ("a", "b"):
+                        tg.start_soon(ask, name)
+    for result in results.values():
+        assert result.stop_reason == "limit" and "team_deadline" in result.detail
+    _no_cancellation_left()
+
+
+async def test_a_plain_sync_tool_run_inline_sees_its_call_and_reports_its_errors() -> None:
+    seen: list[str | None] = []
+
+    def look(n: int) -> str:
+        """Look."""
+        seen.append(current_call_id())
+        if n < 0:
+            raise ValueError("negative")
+        return f"saw {n}"
+
+    agent = Agent(
+        "a",
+        ScriptedModel([call("look", n=1), call("look", n=-1), call("look", m=2), "done"]),
+        tools=[look],
+        call_id_prefix="run7",
+    )
+    report = await agent.run("x")
+    assert report.answer == "done" and seen == ["run7:1.0", "run7:2.0"]
+    assert agent.state is not None
+    results = [m for m in agent.state.messages if m.role == "tool"]
+    assert results[0].content == "saw 1"
+    assert "negative" in (results[1].content or "")
+    assert "n" in (results[2].content or "")  # the arguments refused, the tool not called
+    for message in results:  # each made from valid parts: what validation makes
+        assert message == ChatMessage.model_validate(message.model_dump())
+    direct = await Toolbox([look]).run(ToolCall(id="d1", name="look", arguments='{"n": 4}'))
+    assert direct.ok and direct.content == "saw 4" and seen[-1] == "d1"
+    assert current_call_id() is None
