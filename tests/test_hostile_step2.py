@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import pickle
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -18,7 +20,7 @@ import pytest
 from pydantic import ConfigDict, ValidationError, field_validator
 
 from teamrt import MemoryMailboxes
-from teamrt.agents import Agent, Limits, RunReport, Toolbox, current_call_id
+from teamrt.agents import Agent, Limits, RunReport, Toolbox, current_call_id, tool
 from teamrt.agents.state import AgentState, OpenStep
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ScriptedModel, ToolSpec, call
 from teamrt.models.base import ToolCall, Usage
@@ -504,3 +506,215 @@ async def test_a_plain_sync_tool_run_inline_sees_its_call_and_reports_its_errors
     direct = await Toolbox([look]).run(ToolCall(id="d1", name="look", arguments='{"n": 4}'))
     assert direct.ok and direct.content == "saw 4" and seen[-1] == "d1"
     assert current_call_id() is None
+
+
+# -- journals ----------------------------------------------------------------------------------
+
+#: The journal of a run that died at its second model call, written before the step's short ways
+#: (a model call's deadline on the run's timer, messages assembled, the state's setter).
+_OLD_JOURNAL: list[dict[str, Any]] = [
+    {
+        "t": "start",
+        "ts": 1796107209.6545815,
+        "state": {
+            "agent": "a",
+            "task": "x",
+            "messages": [
+                {
+                    "role": "system",
+                    "content": "Be brief.",
+                    "tool_calls": [],
+                    "tool_call_id": None,
+                    "name": None,
+                    "reasoning": [],
+                },
+                {
+                    "role": "user",
+                    "content": "x",
+                    "tool_calls": [],
+                    "tool_call_id": None,
+                    "name": None,
+                    "reasoning": [],
+                },
+            ],
+            "pinned": 2,
+            "task_id": "t1",
+            "task_index": 1,
+            "tasks": 1,
+            "idle": 0.0,
+            "model_time": 0.0,
+            "attempts": 0,
+            "rate_limited": 0,
+            "usage_estimated": False,
+            "truncated": "",
+            "handled": [],
+            "open_step": None,
+            "steps": 0,
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "consecutive_errors": 0,
+            "stale_steps": 0,
+            "nudges": 0,
+            "output_errors": 0,
+            "usage": {"requests": 0, "input_tokens": 0, "output_tokens": 0},
+            "cost": 0.0,
+            "cost_known": True,
+            "elapsed": 0.0,
+            "context_tokens": 10,
+            "compactions": 0,
+            "call_counts": {},
+            "seen_results": [],
+            "answer": None,
+            "stop": None,
+        },
+    },
+    {
+        "t": "call",
+        "ts": 1796107209.6556826,
+        "inject": [],
+        "handled": [],
+        "reply": {
+            "role": "assistant",
+            "tool_calls": [{"id": "call_0", "name": "look", "arguments": '{"n": 1}'}],
+        },
+        "finish": None,
+        "usage": {"requests": 1, "input_tokens": 7, "output_tokens": 3},
+        "scalars": {
+            "task_index": 1,
+            "idle": 0.0,
+            "model_time": 9.231900185113773e-05,
+            "attempts": 1,
+            "rate_limited": 0,
+            "usage_estimated": False,
+            "truncated": "",
+            "steps": 1,
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "consecutive_errors": 0,
+            "stale_steps": 0,
+            "nudges": 0,
+            "output_errors": 0,
+            "cost": 0.0,
+            "cost_known": True,
+            "elapsed": 0.0,
+            "context_tokens": 10,
+            "compactions": 0,
+            "answer": None,
+        },
+    },
+    {
+        "t": "result",
+        "ts": 1796107209.6558154,
+        "id": "call_0",
+        "message": {
+            "role": "tool",
+            "content": "saw 1",
+            "tool_calls": [],
+            "tool_call_id": "call_0",
+            "name": "look",
+            "reasoning": [],
+        },
+    },
+    {
+        "t": "step",
+        "ts": 1796107209.6558645,
+        "append": [],
+        "calls": ['look({"n": 1})'],
+        "digests": ["a27730694bcc6987"],
+        "handled": [],
+        "usage": {"requests": 1, "input_tokens": 7, "output_tokens": 3},
+        "scalars": {
+            "task_index": 1,
+            "idle": 0.0,
+            "model_time": 9.231900185113773e-05,
+            "attempts": 1,
+            "rate_limited": 0,
+            "usage_estimated": False,
+            "truncated": "",
+            "steps": 1,
+            "tool_calls": 1,
+            "tool_errors": 0,
+            "consecutive_errors": 0,
+            "stale_steps": 0,
+            "nudges": 0,
+            "output_errors": 0,
+            "cost": 0.0,
+            "cost_known": True,
+            "elapsed": 0.0011140940041514114,
+            "context_tokens": 22,
+            "compactions": 0,
+            "answer": None,
+        },
+    },
+]
+
+
+def _interrupted_model() -> FunctionModel:
+    n = 0
+
+    def model(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply:
+        nonlocal n
+        n += 1
+        if n == 1:
+            reply = call("look", n=1)
+            return reply.model_copy(
+                update={"usage": Usage(requests=1, input_tokens=7, output_tokens=3)}
+            )
+        raise KeyboardInterrupt  # the process dies
+
+    return FunctionModel(model)
+
+
+def _timeless(record: dict[str, Any]) -> dict[str, Any]:
+    record = json.loads(json.dumps(record))  # a copy
+    record.pop("ts")
+    for part in (record.get("state"), record.get("scalars")):
+        if part is not None:
+            part.pop("model_time"), part.pop("elapsed")
+    return dict(record)
+
+
+async def test_a_journal_is_written_as_before_and_an_old_one_resumes(tmp_path: Path) -> None:
+    def look(n: int) -> str:
+        """Look."""
+        return f"saw {n}"
+
+    agent = Agent(
+        "a",
+        _interrupted_model(),
+        tools=[look],
+        limits=Limits(model_timeout=30),
+        directory=tmp_path / "new",
+        instructions="Be brief.",
+    )
+    with pytest.raises(KeyboardInterrupt):
+        await agent.run("x", task_id="t1")
+    written = (tmp_path / "new" / "a.state.jsonl").read_text().splitlines()
+    assert [_timeless(json.loads(line)) for line in written] == [
+        _timeless(record) for record in _OLD_JOURNAL
+    ]
+    # an old journal resumes: the step's tool result is not run again
+    old = tmp_path / "old"
+    old.mkdir()
+    lines = [json.dumps(record, separators=(",", ":")) for record in _OLD_JOURNAL]
+    (old / "a.state.jsonl").write_text("\n".join(lines) + "\n")
+
+    def again(n: int) -> str:
+        """Look."""
+        raise AssertionError("run again")
+
+    resumed = Agent(
+        "a",
+        ScriptedModel(["done"]),
+        tools=[tool(name="look")(again)],
+        limits=Limits(model_timeout=30),
+        directory=old,
+        instructions="Be brief.",
+    )
+    report = await resumed.resume()
+    assert report.answer == "done" and report.steps == 2
+    assert report.usage.input_tokens >= 7
+    state = resumed.state
+    assert state is not None
+    assert [m.content for m in state.messages if m.role == "tool"] == ["saw 1"]
+    assert AgentState.model_validate_json(state.model_dump_json()) == state
