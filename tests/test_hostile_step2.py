@@ -655,6 +655,354 @@ def _interrupted_model() -> FunctionModel:
     def model(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply:
         nonlocal n
         n += 1
+        if n == 1:  # the id the old run's model gave its call
+            looking = ToolCall(id="call_0", name="look", arguments='{"n": 1}')
+            usage = Usage(requests=1, input_tokens=7, output_tokens=3)
+            return ModelReply(tool_calls=(looking,), usage=usage)
+        raise KeyboardInterrupt  # the process dies mid-run
+        await anyio.sleep(30)
+        return ModelReply(text="never")
+
+    def noop() -> str:
+        """Nothing."""
+        return "ok"
+
+    agent = Agent(
+        "a",
+        FunctionModel(model),
+        tools=[noop],
+        limits=Limits(model_timeout=0.03),
+        directory=tmp_path,
+    )
+    with pytest.raises(KeyboardInterrupt):
+        await agent.run("x")
+    again = Agent(
+        "a",
+        FunctionModel(model),
+        tools=[noop],
+        limits=Limits(model_timeout=0.03),
+        directory=tmp_path,
+    )
+    with anyio.fail_after(10):
+        report = await again.resume()
+    assert report.stop.limit == "model_timeout"
+    _no_cancellation_left()
+
+
+# -- models made from valid parts --------------------------------------------------------------
+
+
+def test_a_constructed_reply_with_raw_tool_calls_becomes_a_valid_message() -> None:
+    # bug: as_message assembled raw dicts into the message's tool calls. A reply made with
+    # model_construct holds what it was given: a message made of it is validated (the tool
+    # calls become ToolCalls, as validation makes them), not trusted
+    raw = {"id": "c1", "name": "look", "arguments": "{}"}
+    raw_calls: Any = (raw,)
+    reply = ModelReply.model_construct(text="t", tool_calls=raw_calls, reasoning=())
+    message = reply.as_message()
+    assert message == ChatMessage(role="assistant", content="t", tool_calls=(ToolCall(**raw),))
+    assert type(message.tool_calls[0]) is ToolCall
+    not_dicts: Any = ("not a dict",)
+    odd = ModelReply.model_construct(text=None, tool_calls=(), reasoning=not_dicts)
+    with pytest.raises(ValidationError):
+        odd.as_message()
+
+
+def test_subclasses_keep_their_own_validation() -> None:
+    # bug: OpenStep.of assembled a subclass of OpenStep, skipping the subclass's validators
+    class Shouting(ChatMessage):
+        @field_validator("content")
+        @classmethod
+        def _loud(cls, value: str | None) -> str | None:
+            return value.upper() if value is not None else None
+
+    made = Shouting.tool_result(ToolCall(id="c", name="n"), "quiet")
+    assert type(made) is Shouting and made.content == "QUIET"
+
+    class Checked(OpenStep):
+        @field_validator("finish_reason")
+        @classmethod
+        def _known(cls, value: str | None) -> str | None:
+            if value not in (None, "stop", "length"):
+                raise ValueError("unknown finish reason")
+            return value
+
+    message = ModelReply(text="t").as_message()
+    assert type(Checked.of(message, "stop")) is Checked
+    with pytest.raises(ValidationError):
+        Checked.of(message, "odd")
+
+    class Counted(Usage):
+        pass
+
+    total = Counted(requests=1) + Counted(input_tokens=2)
+    assert type(total) is Usage and total == Usage(requests=1, input_tokens=2)
+
+
+def test_assembled_models_compare_hash_pickle_and_dump_as_validated_ones() -> None:
+    tool_call = ToolCall(id="c1", name="look")
+    made = ChatMessage.tool_result(tool_call, "r")
+    validated = ChatMessage(role="tool", content="r", tool_call_id="c1", name="look")
+    assert {made: 1}[validated] == 1
+    assert pickle.loads(pickle.dumps(made)) == validated
+    assert ChatMessage.model_validate_json(made.model_dump_json()) == made
+    assert made.model_dump(exclude_unset=True) == validated.model_dump(exclude_unset=True)
+    assert made.model_copy(update={"content": "s"}).content == "s"
+    with pytest.raises(ValidationError):
+        made.content = "s"  # type: ignore[misc]
+    total = Usage(requests=1) + Usage(requests=2)
+    assert total.model_dump(exclude_defaults=True) == {"requests": 3}
+    assert hash(total) == hash(Usage(requests=3))
+    # summing keeps each operand's fields set apart (no set shared between models)
+    total.model_fields_set.add("x")
+    assert "x" not in (Usage(requests=1) + Usage(requests=2)).model_fields_set
+
+
+# -- the state's fields set straight into its dict -------------------------------------------
+
+
+async def test_a_state_after_a_run_knows_the_fields_the_loop_set() -> None:
+    # bug: fields set straight into the dict were not noted as set: a dump with
+    # exclude_unset lost the stop, the steps and the answer
+    def noop() -> str:
+        """Nothing."""
+        return "ok"
+
+    agent = Agent("a", ScriptedModel([call("noop"), "done"]), tools=[noop])
+    report = await agent.run("x")
+    state = agent.state
+    assert state is not None and report.answer == "done"
+    unset = state.model_dump(exclude_unset=True)
+    assert unset["stop"]["reason"] == "answer"
+    assert unset["steps"] == 2 and unset["answer"] == "done"
+    assert {"stop", "steps", "answer"} <= state.model_fields_set
+    copied = state.model_copy()
+    assert copied == state and copied.model_fields_set == state.model_fields_set
+    assert AgentState.model_validate(state.model_dump()) == state
+
+
+def test_a_state_refuses_an_attribute_it_has_no_field_for() -> None:
+    # bug: a misspelt field was taken silently into the dict (and made states unequal)
+    state = AgentState(agent="a", task="t", messages=[])
+    with pytest.raises((ValueError, AttributeError)):
+        state.stepz = 3
+    assert state == AgentState(agent="a", task="t", messages=[])
+
+
+def test_a_state_subclass_that_validates_assignment_still_does() -> None:
+    # bug: the subclass inherited the unvalidated setter
+    class Strict(AgentState):
+        model_config = ConfigDict(validate_assignment=True)
+
+    state = Strict(agent="a", task="t", messages=[])
+    with pytest.raises(ValidationError):
+        state.steps = "many"  # type: ignore[assignment]
+    state.steps = 3
+    assert state.steps == 3 and "steps" in state.model_fields_set
+
+
+# -- teammates, sync tools --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("per_call", [None, 5.0])
+async def test_teammates_stop_at_the_teams_shared_deadline(per_call: float | None) -> None:
+    entered = anyio.Event()
+    budget = TeamBudget(deadline=0.1)
+    limits = Limits(model_timeout=per_call, max_model_time=per_call)
+    async with MemoryMailboxes() as mail:
+        members = [Teammate(name, _hanging(entered), limits=limits) for name in ("a", "b")]
+        async with Team(mail, members, budget=budget) as team:
+            results: dict[str, Any] = {}
+
+            async def ask(name: str) -> None:
+                results[name] = await team.ask(name, "hang", timeout=10)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for name in ("a", "b"):
+                        tg.start_soon(ask, name)
+    for result in results.values():
+        assert result.stop_reason == "limit" and "team_deadline" in result.detail
+    _no_cancellation_left()
+
+
+async def test_a_plain_sync_tool_run_inline_sees_its_call_and_reports_its_errors() -> None:
+    seen: list[str | None] = []
+
+    def look(n: int) -> str:
+        """Look."""
+        seen.append(current_call_id())
+        if n < 0:
+            raise ValueError("negative")
+        return f"saw {n}"
+
+    agent = Agent(
+        "a",
+        ScriptedModel([call("look", n=1), call("look", n=-1), call("look", m=2), "done"]),
+        tools=[look],
+        call_id_prefix="run7",
+    )
+    report = await agent.run("x")
+    assert report.answer == "done" and seen == ["run7:1.0", "run7:2.0"]
+    assert agent.state is not None
+    results = [m for m in agent.state.messages if m.role == "tool"]
+    assert results[0].content == "saw 1"
+    assert "negative" in (results[1].content or "")
+    assert "n" in (results[2].content or "")  # the arguments refused, the tool not called
+    for message in results:  # each made from valid parts: what validation makes
+        assert message == ChatMessage.model_validate(message.model_dump())
+    direct = await Toolbox([look]).run(ToolCall(id="d1", name="look", arguments='{"n": 4}'))
+    assert direct.ok and direct.content == "saw 4" and seen[-1] == "d1"
+    assert current_call_id() is None
+
+
+# -- journals ----------------------------------------------------------------------------------
+
+#: The journal of a run that died at its second model call, written before the step's short ways
+#: (a model call's deadline on the run's timer, messages assembled, the state's setter).
+_OLD_JOURNAL: list[dict[str, Any]] = [
+    {
+        "t": "start",
+        "ts": 1796107209.6545815,
+        "state": {
+            "agent": "a",
+            "task": "x",
+            "messages": [
+                {
+                    "role": "system",
+                    "content": "Be brief.",
+                    "tool_calls": [],
+                    "tool_call_id": None,
+                    "name": None,
+                    "reasoning": [],
+                },
+                {
+                    "role": "user",
+                    "content": "x",
+                    "tool_calls": [],
+                    "tool_call_id": None,
+                    "name": None,
+                    "reasoning": [],
+                },
+            ],
+            "pinned": 2,
+            "task_id": "t1",
+            "task_index": 1,
+            "tasks": 1,
+            "idle": 0.0,
+            "model_time": 0.0,
+            "attempts": 0,
+            "rate_limited": 0,
+            "usage_estimated": False,
+            "truncated": "",
+            "handled": [],
+            "open_step": None,
+            "steps": 0,
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "consecutive_errors": 0,
+            "stale_steps": 0,
+            "nudges": 0,
+            "output_errors": 0,
+            "usage": {"requests": 0, "input_tokens": 0, "output_tokens": 0},
+            "cost": 0.0,
+            "cost_known": True,
+            "elapsed": 0.0,
+            "context_tokens": 10,
+            "compactions": 0,
+            "call_counts": {},
+            "seen_results": [],
+            "answer": None,
+            "stop": None,
+        },
+    },
+    {
+        "t": "call",
+        "ts": 1796107209.6556826,
+        "inject": [],
+        "handled": [],
+        "reply": {
+            "role": "assistant",
+            "tool_calls": [{"id": "call_0", "name": "look", "arguments": '{"n": 1}'}],
+        },
+        "finish": None,
+        "usage": {"requests": 1, "input_tokens": 7, "output_tokens": 3},
+        "scalars": {
+            "task_index": 1,
+            "idle": 0.0,
+            "model_time": 9.231900185113773e-05,
+            "attempts": 1,
+            "rate_limited": 0,
+            "usage_estimated": False,
+            "truncated": "",
+            "steps": 1,
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "consecutive_errors": 0,
+            "stale_steps": 0,
+            "nudges": 0,
+            "output_errors": 0,
+            "cost": 0.0,
+            "cost_known": True,
+            "elapsed": 0.0,
+            "context_tokens": 10,
+            "compactions": 0,
+            "answer": None,
+        },
+    },
+    {
+        "t": "result",
+        "ts": 1796107209.6558154,
+        "id": "call_0",
+        "message": {
+            "role": "tool",
+            "content": "saw 1",
+            "tool_calls": [],
+            "tool_call_id": "call_0",
+            "name": "look",
+            "reasoning": [],
+        },
+    },
+    {
+        "t": "step",
+        "ts": 1796107209.6558645,
+        "append": [],
+        "calls": ['look({"n": 1})'],
+        "digests": ["a27730694bcc6987"],
+        "handled": [],
+        "usage": {"requests": 1, "input_tokens": 7, "output_tokens": 3},
+        "scalars": {
+            "task_index": 1,
+            "idle": 0.0,
+            "model_time": 9.231900185113773e-05,
+            "attempts": 1,
+            "rate_limited": 0,
+            "usage_estimated": False,
+            "truncated": "",
+            "steps": 1,
+            "tool_calls": 1,
+            "tool_errors": 0,
+            "consecutive_errors": 0,
+            "stale_steps": 0,
+            "nudges": 0,
+            "output_errors": 0,
+            "cost": 0.0,
+            "cost_known": True,
+            "elapsed": 0.0011140940041514114,
+            "context_tokens": 22,
+            "compactions": 0,
+            "answer": None,
+        },
+    },
+]
+
+
+def _interrupted_model() -> FunctionModel:
+    n = 0
+
+    def model(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply:
+        nonlocal n
+        n += 1
         if n == 1:
             reply = call("look", n=1)
             return reply.model_copy(
