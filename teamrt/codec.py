@@ -525,33 +525,7 @@ def decode_fields(line: bytes) -> EnvelopeFields | str:
     Accepts and refuses exactly the lines `decode_line` does, with the same reason strings;
     `.to_envelope()` on the result equals `decode_line(line)`.
     """
-    if len(line) < _SHALLOW_BELOW:
-        # a short line, the usual one (every envelope of a round trip): `_typed`, inlined
-        try:
-            fields = _typed_decode(line)
-        except (msgspec.DecodeError, RecursionError):
-            pass
-        else:
-            sender, recipient, kind = fields.sender, fields.recipient, fields.kind
-            in_reply_to, deadline = fields.in_reply_to, fields.deadline
-            if (
-                (sender in _valid_names or _valid_name(sender))
-                and (
-                    recipient == "*"
-                    if kind == "broadcast"
-                    else recipient in _valid_names or _valid_name(recipient)
-                )
-                and (kind != "response" or (in_reply_to is not None and 0 < len(in_reply_to) <= 64))
-                and -_EXACT <= fields.ts <= _EXACT
-                and (deadline is None or -_EXACT <= deadline <= _EXACT)
-                and fields.fields_set is _ALL_FIELDS
-            ):
-                registered = _payload_for(fields.type)
-                if registered is None:
-                    return fields
-                refused = _payload_reason(registered, fields.body)
-                return fields if refused is None else refused
-    elif shallow(line):
+    if len(line) < _SHALLOW_BELOW or shallow(line):  # (the length alone decides most lines)
         decoded = _typed(line)
         if decoded is not None:
             return decoded
