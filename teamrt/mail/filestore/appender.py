@@ -18,6 +18,11 @@ error. Descriptors of rotated files are closed at once (or after an fdatasync in
 The lock is taken without blocking. When another process holds it, the appender spins on the
 non-blocking lock for a budget of microseconds that adapts to whether spinning wins the lock
 here (see `Appender.spin`), and past it waits for the lock in a worker thread.
+
+An appender holds the inbox's lock file and log open between sends. Under the process's
+descriptor budget (descriptors.py) an idle one (no send of this process in it, no fdatasync
+pending) is dropped: the next send opens a new appender, which recovers `seq` from the log's tail
+as any writer does when the log's size is not the one it left.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import anyio
 
 from teamrt.envelopes import Envelope
 from teamrt.errors import DurabilityError, StoreCorrupt, UnknownRecipient
+from teamrt.mail.filestore.descriptors import BUDGET, open_file
 from teamrt.mail.filestore.fileio import (
     O_READ,
     O_WRITE,
@@ -113,7 +119,7 @@ class Appender:
         self.paths = paths
         self.what = f"append to {paths.name}'s inbox"
         try:
-            self.lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            self.lock_fd = open_file(paths.lock, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise UnknownRecipient(f"{paths.name!r} has no inbox in team {store.team!r}") from None
         except OSError as exc:
@@ -134,6 +140,22 @@ class Appender:
         self._retired: list[int] = []
         self._syncing = -1  # the descriptor a group-commit fdatasync is using
         self.syncs = GroupCommit(self._fdatasync)
+        try:
+            self._reopen()  # here, on the event loop's thread (a first append may be in a worker)
+        except BaseException as exc:
+            os.close(self.lock_fd)
+            if isinstance(exc, OSError):
+                raise translate(exc, self.what) from None
+            raise
+        BUDGET.opened(self, 2)
+
+    def release_descriptors(self) -> bool:
+        """Close, if idle (the budget asks): the store opens a new appender for the next send."""
+        if self.busy or self.waiters or self.syncs.pending or self._syncing >= 0 or self._retired:
+            return False
+        self.store._drop_appender(self)
+        self._close()
+        return True
 
     async def _fdatasync(self) -> None:
         """One shared sync (group commit); a failure is reported to every sender it covered."""
@@ -343,7 +365,7 @@ class Appender:
 
     def _reopen(self) -> None:
         try:
-            fd = os.open(self.paths.log, O_WRITE)
+            fd = open_file(self.paths.log, O_WRITE)  # gives nothing back on a worker thread
         except FileNotFoundError:
             raise StoreCorrupt(
                 f"{self.paths.log} is missing: {self.paths.name}'s inbox log was deleted; "
@@ -393,6 +415,10 @@ class Appender:
         self.rotations += 1
 
     def close(self) -> None:
+        self._close()
+        BUDGET.closed(self)
+
+    def _close(self) -> None:
         for fd in [self.fd, self.lock_fd, *self._retired]:
             if fd >= 0:
                 os.close(fd)

@@ -9,10 +9,18 @@ position that are not the ones the cursor was written after (its `tail` CRC) rai
 naming the file and `teamrt repair`; the reader never silently skips or re-reads a log that
 changed under it. A cursor file with no valid slot is set aside and the inbox is read again from
 the start (at-least-once), never left unopenable.
+
+Under the process's descriptor budget (descriptors.py) an idle reader parks: it closes its
+descriptors and keeps its position, its file's identity (device, inode) and the CRC of the bytes
+before its position. Its next read reopens the file (the active name, else the segment's name if
+it was rotated meanwhile) and refuses one that is not the same file, shorter, or different before
+the position, as a read through the old descriptor would have. While parked, `has_new` asks the
+active file's name (a stat), so the rescan never reopens an idle inbox.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -26,6 +34,7 @@ import anyio
 
 from teamrt.errors import StoreCorrupt
 from teamrt.mail.filestore.appender import TAIL_WINDOW
+from teamrt.mail.filestore.descriptors import BUDGET, open_file
 from teamrt.mail.filestore.fileio import (
     O_READ,
     O_WRITE,
@@ -88,6 +97,10 @@ class FileReader(InboxReader):
         self.segment = 0
         self.fd = -1
         self.ino = 0
+        self.dev = 0
+        self.busy = False  # a commit in a worker thread uses the descriptors: never parked then
+        self._parked_tail = ""  # while parked: the CRC of the bytes before the position
+        self._parked = False
         self.decoder = LineSplitter(max_line=store.max_line)
         try:
             self._quarantined_upto = self._last_quarantined()
@@ -134,7 +147,7 @@ class FileReader(InboxReader):
         self._cursor_gen = gen
         if gen > 0 and self._cursor_fd < 0:
             try:
-                self._cursor_fd = os.open(
+                self._cursor_fd = open_file(
                     self.paths.cursor, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
                 )
             except OSError as exc:
@@ -175,7 +188,7 @@ class FileReader(InboxReader):
             rotated = self.paths.segment(index)
             path = rotated if rotated.exists() else self.paths.log
             try:
-                fd = os.open(path, O_READ)
+                fd = open_file(path, O_READ)
             except FileNotFoundError:
                 if path == rotated:
                     continue
@@ -194,10 +207,71 @@ class FileReader(InboxReader):
             break
         if self.fd >= 0:
             os.close(self.fd)
+        was_open = self.fd >= 0
         self.fd, self.segment = fd, index
-        self.ino = os.fstat(fd).st_ino
+        st = os.fstat(fd)
+        self.ino, self.dev = st.st_ino, st.st_dev
         self.decoder = LineSplitter(max_line=self.store.max_line, segment=index)
         self.caught_up = False
+        self._parked = False
+        if not was_open:
+            BUDGET.opened(self, 2)  # its log, and its cursor once it commits
+
+    @property
+    def parked(self) -> bool:
+        """True while this reader has given its descriptors back (see the module)."""
+        return self._parked
+
+    def release_descriptors(self) -> bool:
+        """Park, if no commit in a worker thread is using the descriptors (the budget asks)."""
+        if self.busy:
+            return False
+        if self.fd >= 0:
+            try:
+                self._parked_tail = tail_crc(self.fd, self.decoder.offset)
+            except OSError:
+                return False  # keep it: its next read reports the trouble
+            self._parked = True
+        self._close_descriptors()
+        return True
+
+    def _unpark(self) -> None:
+        """Reopen the file this reader was reading when it parked, checked to be that file."""
+        try:
+            self._reopen_parked()
+        except OSError as exc:
+            raise translate(exc, f"read {self.paths.name}'s inbox") from None
+
+    def _reopen_parked(self) -> None:
+        offset, found = self.decoder.offset, -1
+        for path in (self._log_path, str(self.paths.segment(self.segment))):
+            try:
+                fd = open_file(path, O_READ)
+            except FileNotFoundError:
+                continue
+            st = os.fstat(fd)
+            if st.st_ino == self.ino and st.st_dev == self.dev:
+                found = fd
+                break
+            os.close(fd)
+        if found < 0:
+            raise self._corrupt(self.paths.log, "was deleted or replaced while it was read")
+        try:
+            if st.st_size < offset:
+                raise self._corrupt(
+                    self.paths.log,
+                    f"shrank to {st.st_size} bytes below the read position {offset} (truncated)",
+                )
+            if tail_crc(found, offset) != self._parked_tail:
+                raise self._corrupt(
+                    self.paths.log,
+                    f"changed before the read position {offset} while it was read (rewritten)",
+                )
+        except BaseException:
+            os.close(found)
+            raise
+        self.fd, self._parked = found, False
+        BUDGET.opened(self, 2)
 
     def _rotated(self, size: int) -> bool:
         """True if our segment was rotated away. Rotation happens only to a file that reached
@@ -225,6 +299,9 @@ class FileReader(InboxReader):
                 return entries
             return self._read(chunk)
         except OSError as exc:
+            if self._parked:  # its descriptor is -1: the read failed with EBADF
+                self._unpark()
+                return self.read_nowait()
             raise translate(exc, f"read {self.paths.name}'s inbox") from None
 
     def _read(self, chunk: bytes | None = None) -> list[Entry]:
@@ -263,6 +340,9 @@ class FileReader(InboxReader):
         if st.st_nlink == 0:
             raise self._corrupt(self.paths.log, "was deleted or replaced while it was read")
         if not self._rotated(size) or not self.paths.segment(self.segment).exists():
+            # nothing new: caught up (a wake-up that found nothing must not leave the next
+            # receive reading again, nor reopen a parked reader), unless the segment is full
+            self.caught_up = size < self.store.segment_bytes
             return []
         # rotated: no writer touches this segment any more; read what is left, then move on
         size = os.fstat(self.fd).st_size
@@ -276,6 +356,12 @@ class FileReader(InboxReader):
 
     def has_new(self) -> bool:
         """Never raises (it runs in the background rescan): trouble is reported by `read`."""
+        if self._parked:  # without reopening: the active file's name and size
+            try:
+                st = os.stat(self._log_path)
+            except OSError:
+                return True
+            return st.st_ino != self.ino or st.st_size != self.decoder.offset
         try:
             size = os.lseek(self.fd, 0, os.SEEK_END)
             if size != self.decoder.offset or self._rotated(size):
@@ -288,7 +374,13 @@ class FileReader(InboxReader):
     async def commit(self, cursor: Cursor) -> None:
         """See `_commit`; in `fsync` mode the commit runs in a worker thread."""
         if self.store.durability == "fsync":
-            await anyio.to_thread.run_sync(self._commit, cursor)
+            if self._parked:
+                self._unpark()
+            self.busy = True  # the budget does not park it under the thread
+            try:
+                await anyio.to_thread.run_sync(self._commit, cursor)
+            finally:
+                self.busy = False
         else:
             self._commit(cursor)
 
@@ -313,6 +405,8 @@ class FileReader(InboxReader):
                 tail_crc(self._fd_of(cursor.segment), cursor.offset),
             )
             slot = encode_slot(cursor, gen, self._slot_size)
+            if self._cursor_fd < 0 and self._cursor_gen > 0 and slot is not None:
+                self._reopen_cursor()  # given back under the descriptor budget
             if slot is None or self._cursor_fd < 0:
                 self._recreate_cursor_file(cursor, gen)
             else:
@@ -334,6 +428,8 @@ class FileReader(InboxReader):
     def _fd_of(self, segment: int) -> int:
         """A descriptor of `segment` for the tail check (the reader's own, usually)."""
         if segment == self.segment:
+            if self._parked:
+                self._unpark()
             return self.fd
         cached_segment, fd = self._tail_fd
         if cached_segment != segment:
@@ -400,9 +496,19 @@ class FileReader(InboxReader):
                 continue
         return (-1, -1)
 
-    def close(self) -> None:
+    def _reopen_cursor(self) -> None:
+        """The cursor file's descriptor again, after parking (a file gone: it is made anew)."""
+        with contextlib.suppress(FileNotFoundError):
+            self._cursor_fd = open_file(self.paths.cursor, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+    def _close_descriptors(self) -> None:
         for fd in (self.fd, self._cursor_fd, self._tail_fd[1]):
             if fd >= 0:
                 os.close(fd)
         self.fd = self._cursor_fd = -1
         self._tail_fd = (-1, -1)
+
+    def close(self) -> None:
+        self._close_descriptors()
+        self._parked = False
+        BUDGET.closed(self)

@@ -26,6 +26,7 @@ from anyio.abc import TaskStatus
 from teamrt.errors import MemberBusy, StoreCorrupt, StoreError, UnknownRecipient, UsageError
 from teamrt.mail import inotify
 from teamrt.mail.filestore.appender import Appender
+from teamrt.mail.filestore.descriptors import BUDGET, open_file
 from teamrt.mail.filestore.fileio import (
     DIR_MODE,
     FILE_MODE,
@@ -179,6 +180,7 @@ class FileStore(Store):
         self._roster: tuple[str, ...] = ()
         self._roster_mtime = -1
         self._appenders: dict[str, Appender] = {}
+        self._sealed_by_dropped: dict[str, int] = {}  # torn tails sealed by dropped appenders
         self._heartbeat_fd = -1  # this store object's heartbeat file (see HEARTBEAT_PREFIX)
         self._heartbeat_name: str | None = None
         self._watched: dict[str, int] = {}
@@ -336,6 +338,14 @@ class FileStore(Store):
             appender = self._appenders[recipient] = Appender(self, self.inbox_paths(recipient))
         return appender
 
+    def _drop_appender(self, appender: Appender) -> None:
+        """Forget an appender the descriptor budget closes (the next send opens another)."""
+        name = appender.paths.name
+        if self._appenders.get(name) is appender:
+            del self._appenders[name]
+        if appender.sealed:
+            self._sealed_by_dropped[name] = self._sealed_by_dropped.get(name, 0) + appender.sealed
+
     async def append(self, recipient: str, encoded: bytes) -> int:
         appender = self._appenders.get(recipient) or self._appender(recipient)
         if not appender.busy and self.durability == "none":
@@ -346,10 +356,12 @@ class FileStore(Store):
             except BlockingIOError:
                 pass  # held by another process: append_many spins for it, or waits
             else:
+                appender.busy = True  # nothing gives its descriptors back under it
                 try:
                     return appender.append_locked((encoded,))
                 finally:
                     fcntl.flock(appender.lock_fd, fcntl.LOCK_UN)
+                    appender.busy = False
         return await self.append_many(recipient, (encoded,))
 
     async def append_many(self, recipient: str, encoded: Sequence[bytes]) -> int:
@@ -557,7 +569,7 @@ class FileStore(Store):
         try:
             self._mkdir(self.agents)
             check_directory(self.agents, shared_group=self.shared_group)
-            fd = os.open(
+            fd = open_file(
                 self.agents / f"{validate_name(name)}.lease",
                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
                 self.file_mode,
@@ -575,6 +587,7 @@ class FileStore(Store):
                 f"member {name!r} of team {self.team!r} is already running ({current})"
             ) from None
         _describe(fd, holder, self._heartbeat())
+        BUDGET.pin(1)  # held while the member runs: the budget leaves room for it
         return fd, 0
 
     def _heartbeat(self) -> str | None:
@@ -615,6 +628,7 @@ class FileStore(Store):
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
         os.close(fd)  # closing drops the flock; the file stays
+        BUDGET.pin(-1)
 
     # -- the budget ledger: budget.json, read-modified-written under budget.lock --
 
@@ -717,7 +731,10 @@ class FileStore(Store):
 
     def statistics(self) -> dict[str, int]:
         """Torn tails this process sealed, per inbox it wrote to."""
-        return {name: a.sealed for name, a in self._appenders.items()}
+        sealed = dict(self._sealed_by_dropped)
+        for name, appender in self._appenders.items():
+            sealed[name] = sealed.get(name, 0) + appender.sealed
+        return sealed
 
     def descriptors(self) -> int:
         """Descriptors this store's writers hold (for tests and `teamrt bench`)."""
