@@ -287,6 +287,7 @@ def test_the_budget_defaults_to_a_quarter_of_the_limit_and_takes_an_override(
 ) -> None:
     import resource
 
+    monkeypatch.delenv("TEAMRT_FD_BUDGET", raising=False)
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert DescriptorBudget().limit == max(64, soft // 4)
     monkeypatch.setenv("TEAMRT_FD_BUDGET", "500")
@@ -341,3 +342,21 @@ def test_a_team_larger_than_the_descriptor_limit_runs_in_one_process(tmp_path: P
     assert words[:2] == ["answered", "300"], done.stdout
     assert int(words[3]) < 400
     assert words[5] == "True"
+
+
+def test_the_store_tests_pass_with_every_descriptor_given_back_at_once() -> None:
+    """Rotation, acks, the round-trip path and the rescan's tests, in a process whose budget is
+    two descriptors: every reader parks and every appender is dropped as soon as another opens,
+    so each of their reads and sends goes through a reopen."""
+    here = Path(__file__).parent
+    files = ["test_rotation.py", "test_acks.py", "test_round_trip_path.py", "test_rescan.py"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+        + [str(here / f) for f in files],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TEAMRT_FD_BUDGET": "2"},
+        cwd=here.parent,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -859,8 +859,14 @@ def _audit_reads(reader: FileReader, violations: list[str]) -> None:
     running too)."""
     real = reader.read_nowait
 
+    def size() -> int:  # of the reader's file (found by name while the reader is parked)
+        if reader.fd >= 0:
+            return os.fstat(reader.fd).st_size
+        rotated = reader.paths.segment(reader.segment)
+        return os.stat(rotated if rotated.exists() else reader.paths.log).st_size
+
     def read_nowait() -> list[Any]:
-        segment, before = reader.segment, os.fstat(reader.fd).st_size
+        segment, before = reader.segment, size()
         entries = real()
         if reader.caught_up and reader.segment == segment and reader.decoder.offset < before:
             violations.append(f"caught up at {reader.decoder.offset} of {before} bytes")

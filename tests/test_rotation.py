@@ -171,7 +171,8 @@ async def test_descriptors_and_watches_stay_flat_over_thousands_of_rotations(
         got = _drain_now(inbox)
         await inbox.ack(*got)
         after = counts()
-        assert store._appenders["worker"].rotations >= rotations - 1
+        paths = InboxPaths(team / "inboxes", "worker")
+        assert paths.rotated_count() >= rotations - 1
     assert after == before
 
 
