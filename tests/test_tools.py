@@ -179,3 +179,28 @@ async def test_a_result_that_cannot_be_encoded_is_the_tools_failure_not_a_crash(
     }
     again = await box.run(_call("give", "{}"))  # no encoder state left over from the failure
     assert again.content == result.content
+
+
+def test_closures_of_one_function_share_an_arguments_model_with_their_own_defaults() -> None:
+    """A team makes the same tools for each member: the arguments model is made once per
+    function code and fields, and a closure with other defaults gets a model of its own."""
+
+    def make(timeout: float, tag: str) -> Tool:
+        @tool
+        def wait(seconds: float = timeout) -> str:
+            """Wait."""
+            return f"{tag} {seconds}"
+
+        return wait
+
+    first, same, other = make(30.0, "a"), make(30.0, "b"), make(5.0, "c")
+    assert first.args_model is same.args_model
+    assert other.args_model is not first.args_model
+    assert first.args_model.model_validate({}).model_dump() == {"seconds": 30.0}
+    assert other.args_model.model_validate({}).model_dump() == {"seconds": 5.0}
+
+    def unhashable(items: list[int] = [1]) -> int:  # noqa: B006 -- the point of the test
+        """Count."""
+        return len(items)
+
+    assert tool(unhashable).args_model.model_validate({}).model_dump() == {"items": [1]}

@@ -249,7 +249,7 @@ def tool(
                 "level of a module"
             )
         signature = inspect.signature(fn)
-        hints = get_type_hints(fn)
+        hints = _type_hints(fn)
         fields: dict[str, Any] = {}
         for param in signature.parameters.values():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -257,9 +257,7 @@ def tool(
             annotation = hints.get(param.name, Any)
             default = ... if param.default is param.empty else param.default
             fields[param.name] = (annotation, default)
-        args_model = create_model(
-            f"{fn.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-        )
+        args_model = _arguments_model(fn, fields)
         doc = inspect.getdoc(fn) or ""
         return Tool(
             name=name or fn.__name__,
@@ -275,6 +273,52 @@ def tool(
         )
 
     return make(fn) if fn is not None else make
+
+
+#: Arguments models by function code and fields: a team makes the same messaging tools (closures
+#: of one function) for each of its members, and a pydantic model costs about a millisecond.
+_ARGUMENT_MODELS: dict[tuple[Any, ...], type[BaseModel]] = {}
+_ARGUMENT_MODELS_KEPT = 1024
+_HINTS: dict[Any, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
+
+
+def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """`get_type_hints(fn)`, kept per function code: closures of one function share their
+    module and, unless one was changed, their annotations."""
+    code = getattr(fn, "__code__", None)
+    annotations = getattr(fn, "__annotations__", None)
+    module = getattr(fn, "__globals__", None)
+    kept = _HINTS.get(code) if code is not None else None
+    if kept is not None and kept[0] is module and kept[1] == annotations:
+        return kept[2]
+    hints = get_type_hints(fn)
+    if code is not None and isinstance(annotations, dict):
+        if len(_HINTS) >= _ARGUMENT_MODELS_KEPT:
+            _HINTS.clear()
+        _HINTS[code] = (module, dict(annotations), hints)
+    return hints
+
+
+def _arguments_model(fn: Callable[..., Any], fields: dict[str, Any]) -> type[BaseModel]:
+    """The model of `fn`'s arguments (fields: name -> (annotation, default)), shared by every
+    function of the same code and the same fields."""
+    code = getattr(fn, "__code__", None)
+    key = (code, fn.__name__, tuple((n, a, type(d), d) for n, (a, d) in fields.items()))
+    try:
+        found = _ARGUMENT_MODELS.get(key) if code is not None else None
+    except TypeError:  # an unhashable default or annotation: made afresh
+        code = None
+        found = None
+    if found is not None:
+        return found
+    model = create_model(
+        f"{fn.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    if code is not None:
+        if len(_ARGUMENT_MODELS) >= _ARGUMENT_MODELS_KEPT:
+            _ARGUMENT_MODELS.clear()
+        _ARGUMENT_MODELS[key] = model
+    return model
 
 
 def cancelled_for_real() -> bool:
