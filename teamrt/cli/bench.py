@@ -19,6 +19,7 @@ import gc
 import itertools
 import json
 import os
+import resource
 import shutil
 import statistics
 import struct
@@ -97,6 +98,7 @@ class Sizes:
     pickups: int
     agent_steps: int
     teammates: tuple[int, ...]
+    huge_team: int  # started once per run (0: not at all): the idle rows' largest team
     replay_small: int
     replay_large: int
     body_counts: tuple[int, int, int]  # envelopes per round of each of BODY_SIZES
@@ -106,16 +108,17 @@ class Sizes:
         if smoke:
             return cls(
                 *("smoke", 2, 400, 40, 400, 40, 10, 100, 1000, 64 << 10, 20, 60, (5, 20)),
-                *(600, 3000, (50, 20, 4)),
+                *(0, 600, 3000, (50, 20, 4)),
             )
         if quick:
             return cls(
                 *("quick", 3, 5000, 150, 16_000, 300, 40, 1000, 100_000, 8 << 20, 300, 1020),
-                *((10, 100, 1000), 3 * 2 * WINDOW, 150_000, (2000, 500, 20)),
+                *((10, 100, 1000), 10_000, 3 * 2 * WINDOW, 150_000, (2000, 500, 20)),
             )
         return cls(
             *("full", 5, 20_000, 500, 40_000, 1000, 100, 1000, 1_000_000, DEFAULT_SEGMENT_BYTES),
-            *(1000, 1020, (10, 100, 1000), 3 * 2 * WINDOW, 1_000_000, (5000, 2000, 100)),
+            *(1000, 1020, (10, 100, 1000), 10_000, 3 * 2 * WINDOW, 1_000_000),
+            (5000, 2000, 100),
         )
 
 
@@ -1026,8 +1029,9 @@ class Bench:
             )
 
     async def teams(self) -> None:
-        """Teams of 10, 100 and 1,000 idle teammates in this process, beside a team of 2: the
-        CPU they cost while idle, and the round trip of a task to one of them. Every round starts
+        """Teams of 10, 100 and 1,000 idle teammates in this process (and once a run, 10,000),
+        beside a team of 2: the CPU they cost while idle, and the round trip of a task to one of
+        them. Every round starts
         each team in turn (they cannot run side by side: each one's idle CPU is measured alone),
         and measures this process idle with no team first: on a VM the CPU time charged to a
         process that only sleeps is not zero (0.2-0.8% of a core has been seen for one bare
@@ -1067,6 +1071,8 @@ class Bench:
                     check=lambda f: f.value <= 2 * (f.baseline_value or 0),
                 )
             )
+        if self.sizes.huge_team:
+            await self._huge_team(t, self.sizes.huge_team, idle=idle, asks=asks)
         self.add(
             Figure.of(f"{largest:,} idle teammates: memory per teammate", [once["memory"]], "KiB")
         )
@@ -1074,6 +1080,67 @@ class Bench:
             Figure.of(
                 f"broadcast to {once['reached']:,.0f} teammates, all read it", [once["bcast"]], "ms"
             )
+        )
+
+    async def _huge_team(self, t: Tally, members: int, *, idle: float, asks: int) -> None:
+        """A team of `members` (10,000), started once per run (it takes seconds to start and
+        to stop): its idle CPU in as many windows as there are rounds, and the task round trip
+        to one of its members, judged like the smaller teams'; how long it takes to start and
+        to stop, and the descriptors the process holds (more members than a process may have
+        files open for their inboxes: idle ones give theirs back under the budget)."""
+        names = [f"m{i:05d}" for i in range(members)]
+        path = self.root / f"team{members}"
+
+        def answer(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+            return "ok"
+
+        async with FileMailboxes(path, members=["lead", *names]) as mail:
+            team = Team(
+                mail,
+                [Teammate(name, FunctionModel(answer)) for name in names],
+                shutdown_deadline=600,  # idle members stop in turn, a millisecond or so each
+            )
+            start = time.perf_counter()
+            await team.__aenter__()
+            try:
+                started = time.perf_counter() - start
+                await anyio.sleep(0.3)  # let the start-up notices settle
+                for _ in self.each_round():
+                    with clock() as c:
+                        await anyio.sleep(idle)
+                    t.add(f"idle{members}", c.cpu / c.wall * 100)
+                descriptors = len(os.listdir("/proc/self/fd"))
+                target, times = names[len(names) // 2], []
+                for _ in range(asks + 5):
+                    begin = time.perf_counter()
+                    await team.ask(target, "wake up", timeout=60)
+                    times.append((time.perf_counter() - begin) * 1e6)
+                t.add(f"wake{members}", statistics.median(times[5:]))
+            finally:
+                stop = time.perf_counter()
+                await team.__aexit__(None, None, None)
+                stopped = time.perf_counter() - stop
+        self.add(
+            t.figure(
+                f"{members:,} idle teammates: CPU while idle",
+                *(f"idle{members}", "%", "this process idle, no team", "idle0"),
+                target="< 0.5% of a core above it",
+                check=lambda f: f.value - (f.baseline_value or 0) < 0.5,
+            )
+        )
+        self.add(
+            t.figure(
+                f"wake one teammate among {members:,} (task round trip), p50",
+                *(f"wake{members}", "us", "same in a team of 2", "wake2"),
+                target="within 2x",
+                check=lambda f: f.value <= 2 * (f.baseline_value or 0),
+            )
+        )
+        self.add(Figure.of(f"{members:,} teammates: start", [started], "s"))
+        self.add(Figure.of(f"{members:,} teammates: stop (each asked to)", [stopped], "s"))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.add(
+            Figure.of(f"{members:,} teammates: files open (limit {soft:,})", [descriptors], "fds")
         )
 
     async def _team_round(

@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measures sends, envelope sizes (100 B, 10 KB, 500 KB), 1-16 writer "
         "processes into one inbox, group commit, round trips (and their CPU on each side), "
         "wake-ups, pick-up, open and drain at depth (a backlog in real segments), the agent "
-        "loop's cost per step, teams of 10, 100 and 1,000 idle teammates with one woken, replay "
+        "loop's cost per step, teams of 10 to 10,000 idle teammates with one woken, replay "
         "throughput and memory, the cost of an ack with many acks held behind an unacked "
         "envelope, a service under 50 concurrent requests (a pool against one teammate), a "
         "lead's memory and cursor over many asks, and 20 tool calls of one reply side by side; "
