@@ -63,6 +63,23 @@ def test_each_figure_has_its_rounds_range_and_cpu_time(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
+def test_the_largest_team_is_started_once_and_judged_like_the_others(tmp_path: Path) -> None:
+    """The run's largest team (10,000 in a real run, 40 in a smoke run) starts once: its idle
+    CPU has a sample per round, its wake-up is judged against a team of 2, and its start, stop
+    and open files are shown."""
+    result = bench("--only", "team", "--rounds", "2", "--json", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    figures = {f["name"]: f for f in json.loads(result.stdout)["figures"]}
+    idle = figures["40 idle teammates: CPU while idle"]
+    assert len(idle["samples"]) == 2 and idle["baseline"] == "this process idle, no team"
+    wake = figures["wake one teammate among 40 (task round trip), p50"]
+    assert wake["baseline"] == "same in a team of 2" and wake["ok"] is not None
+    for name in ("40 teammates: start", "40 teammates: stop (each asked to)"):
+        assert figures[name]["value"] > 0
+    assert any(name.startswith("40 teammates: files open (limit ") for name in figures)
+
+
+@pytest.mark.timeout(240)
 def test_the_table_says_the_load_and_each_range(tmp_path: Path) -> None:
     result = bench("--only", "agent", "--dir", str(tmp_path))
     assert result.returncode == 0, result.stderr

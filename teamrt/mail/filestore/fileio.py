@@ -47,8 +47,9 @@ def _descriptor_limit() -> str:
     limits += ")" if hard == soft else f"; the hard limit is {hard:,})"
     return (
         f"this process may have {limits}, and each member whose inbox this process runs holds "
-        "two or three (its lease, its log, its cursor), each inbox it sends to two (its lock "
-        "and its log): raise the limit (ulimit -n), or run some members in other processes"
+        "its lease open while it runs (the logs, cursors and locks of idle inboxes are given "
+        "back under the descriptor budget, TEAMRT_FD_BUDGET): raise the limit (ulimit -n), or "
+        "run some members in other processes"
     )
 
 
