@@ -7,10 +7,12 @@ allow. Budgets are made tiny (one or two descriptors) so that every read and sen
 reopen; where the claim is about the process's file limit or about processes, a real child
 process runs. Nothing is timed: waits are bounded by generous timeouts only.
 
-Bugs this pass found, each fixed after its test: in `fsync` mode, sends and cursor commits in
-flight hold their descriptors while a worker thread syncs, and as many of them ran at once as
-tasks asked, so a team that runs under the file limit with `durability="none"` failed with
-EMFILE under `fsync` (now at most a quarter of the budget's room is in flight at once); the
+Bugs this pass found, each fixed after its test: sends and cursor commits that wait in a worker
+thread (for an fsync, or for another process's lock) hold their descriptors meanwhile, and as
+many of them ran at once as tasks asked, so a team that runs under the file limit failed with
+EMFILE under `durability="fsync"`, or when another process held many inboxes' locks (now at
+most a quarter of the budget's room is in flight at once); a child forked while another thread
+was inside the budget (registering a holder) hung on its copy of the budget's lock; the
 tools' hints cache checked the wrapper's module, not the module `get_type_hints` resolves in, so
 two `functools.wraps`-decorated tools of two modules shared the first one's resolved string
 annotations; the arguments-model cache matched defaults by equality, so a closure whose default
@@ -176,6 +178,52 @@ def test_more_members_than_the_file_limit_allows_with_concurrent_sends_and_acks(
     take them back; it must not fail with EMFILE where `none` does not."""
     out = _child(_MANY_MEMBERS, str(tmp_path / "t"), "100", durability, limit=180, timeout=240)
     assert out.split() == ["done", "100"]
+
+
+_CONTENDED = """
+    import subprocess, sys, anyio
+    from teamrt import Envelope, FileMailboxes
+
+    HOLD = (
+        "import fcntl, os, sys\\n"
+        "fds = [os.open(p, os.O_RDWR) for p in sys.argv[1:]]\\n"
+        "for fd in fds: fcntl.flock(fd, fcntl.LOCK_EX)\\n"
+        "print('held', flush=True)\\n"
+        "sys.stdin.read()\\n"
+    )
+
+    async def main(path):
+        names = [f"m{i:03d}" for i in range(100)]
+        async with FileMailboxes(path, members=["lead", *names]) as mail:
+            inboxes = [await mail.open_inbox(m) for m in names]
+            locks = [f"{path}/inboxes/{m}.lock" for m in names[:60]]
+            holder = subprocess.Popen(
+                [sys.executable, "-c", HOLD, *locks], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+            assert holder.stdout.readline() == b"held\\n"
+            try:
+                async with anyio.create_task_group() as tg:
+                    for m in names:  # 60 of them wait in worker threads for the other's locks
+                        tg.start_soon(mail.send, Envelope.message("lead", m, 1))
+                    await anyio.sleep(0.5)
+                    holder.stdin.close()  # the other process lets go
+            finally:
+                holder.stdin.close()
+                holder.wait()
+            for inbox in inboxes:
+                assert (await inbox.receive(30)).body == 1
+            print("done")
+
+    anyio.run(main, sys.argv[1])
+"""
+
+
+def test_sends_waiting_for_another_processs_locks_beyond_the_file_limit(tmp_path: Path) -> None:
+    """Another process holds the locks of 60 of 100 inboxes while this one (limit 180 files)
+    sends to all 100 at once: a send that waits for a lock in a worker thread keeps its
+    appender's descriptors, which the budget cannot take back; the sends wait their turn
+    instead of failing with EMFILE."""
+    assert _child(_CONTENDED, str(tmp_path / "t"), limit=180).split() == ["done"]
 
 
 # --- many tasks, a budget of one ------------------------------------------------------------------
@@ -536,6 +584,49 @@ async def test_a_forked_child_uses_the_inherited_budget_and_the_parent_reads_on(
         for to in ("b", "c", "d"):
             e = await mail.inbox(to).receive(5)
             assert (e.seq, e.body) == (1, 2)
+
+
+def test_a_fork_while_another_thread_is_inside_the_budget(tmp_path: Path) -> None:
+    """Another thread holds the budget's lock (registering a holder of its own event loop) at
+    the instant this one forks: the child, whose copy of that lock nobody will release, must
+    still be able to open and send."""
+    entered, leave = threading.Event(), threading.Event()
+
+    def inside() -> None:
+        with BUDGET._lock:
+            entered.set()
+            leave.wait(60)
+
+    async def child() -> None:
+        async with FileMailboxes(tmp_path / "c", members=MEMBERS) as mail:
+            await mail.send(Envelope.message("lead", "a", 1))
+            assert (await mail.inbox("a").receive(5)).body == 1
+
+    thread = threading.Thread(target=inside)
+    thread.start()
+    assert entered.wait(30)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                anyio.run(child)
+                code = 0
+            finally:
+                os._exit(code)
+    finally:
+        leave.set()
+        thread.join()
+    for _ in range(300):  # up to 30 s: a child stuck on the lock never ends
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        threading.Event().wait(0.1)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on the budget's lock")
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 async def test_closing_parked_readers_leaves_no_descriptor_and_no_holder(
