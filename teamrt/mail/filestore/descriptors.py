@@ -18,10 +18,11 @@ tried once more (`open_file`). Holders register and are released on the thread t
 loop, never from a worker thread; a holder busy in a worker thread (a contended append, an fsync)
 is skipped, and so is one that belongs to another thread's event loop.
 
-A busy holder cannot give anything back, so the number of them is bounded too: in `fsync` mode a
-send or a cursor commit holds its descriptors while its sync runs in a worker thread, and a store
-lets at most a quarter of the room be in flight that way at once (`InFlight`); the others wait
-for a turn, so that idle holders are always there to give back.
+A busy holder cannot give anything back, so the number of them is bounded too: a send that waits
+in a worker thread for another process's lock, or for its fsync, and a cursor commit in `fsync`
+mode hold their descriptors meanwhile, and a store lets at most a quarter of the room be in
+flight that way at once (`InFlight`); the others wait for a turn, so that idle holders are always
+there to give back.
 """
 
 from __future__ import annotations
@@ -150,10 +151,10 @@ def open_file(path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> in
 
 class InFlight:
     """Operations of one store (one event loop) that keep descriptors the budget cannot take back
-    while they wait for a worker thread (an fsync), by what they keep open (an inbox's appender,
-    a reader): at most a quarter of the budget's room of those at once, first come first served.
-    Operations on what is in flight already (sends to one inbox, sharing its group commit) do
-    not wait: they hold nothing more."""
+    while they wait for a worker thread (a contended lock, an fsync), by what they keep open (an
+    inbox's appender, a reader): at most a quarter of the budget's room of those at once, first
+    come first served. Operations on what is in flight already (sends to one inbox, sharing its
+    group commit) do not wait: they hold nothing more."""
 
     def __init__(self) -> None:
         self.users: dict[object, int] = {}  # what is in flight: how many operations use it

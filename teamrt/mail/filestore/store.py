@@ -181,7 +181,7 @@ class FileStore(Store):
         self._roster_mtime = -1
         self._appenders: dict[str, Appender] = {}
         self._sealed_by_dropped: dict[str, int] = {}  # torn tails sealed by dropped appenders
-        self.in_flight = InFlight()  # fsync sends and commits holding descriptors in a thread
+        self.in_flight = InFlight()  # sends and commits holding descriptors in a thread
         self._heartbeat_fd = -1  # this store object's heartbeat file (see HEARTBEAT_PREFIX)
         self._heartbeat_name: str | None = None
         self._watched: dict[str, int] = {}
@@ -368,13 +368,13 @@ class FileStore(Store):
     async def append_many(self, recipient: str, encoded: Sequence[bytes]) -> int:
         if not encoded:
             return -1
-        if self.durability == "fsync":  # its appender keeps its descriptors until the sync
-            await self.in_flight.enter(recipient)
-            try:
-                return await self._append_many(recipient, encoded)
-            finally:
-                self.in_flight.leave(recipient)
-        return await self._append_many(recipient, encoded)
+        # its appender may keep its descriptors in a worker thread (waiting for another
+        # process's lock, or for the fsync): a turn first (the one-step path never comes here)
+        await self.in_flight.enter(recipient)
+        try:
+            return await self._append_many(recipient, encoded)
+        finally:
+            self.in_flight.leave(recipient)
 
     async def _append_many(self, recipient: str, encoded: Sequence[bytes]) -> int:
         appender = self._appender(recipient)
