@@ -138,6 +138,14 @@ class DescriptorBudget:
 BUDGET = DescriptorBudget()
 
 
+def _new_lock_in_child() -> None:
+    """A forked child's copy of the lock may be held by a thread that does not exist there."""
+    BUDGET._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def open_file(path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> int:
     """`os.open`, once more after the budget gave back what it could if the process was out
     of descriptors (on the event loop's thread only)."""
