@@ -7,16 +7,20 @@ allow. Budgets are made tiny (one or two descriptors) so that every read and sen
 reopen; where the claim is about the process's file limit or about processes, a real child
 process runs. Nothing is timed: waits are bounded by generous timeouts only.
 
-Bugs this pass found, each fixed after its test: sends and cursor commits that wait in a worker
-thread (for an fsync, or for another process's lock) hold their descriptors meanwhile, and as
-many of them ran at once as tasks asked, so a team that runs under the file limit failed with
-EMFILE under `durability="fsync"`, or when another process held many inboxes' locks (now at
-most a quarter of the budget's room is in flight at once); a child forked while another thread
-was inside the budget (registering a holder) hung on its copy of the budget's lock; the
-tools' hints cache checked the wrapper's module, not the module `get_type_hints` resolves in, so
-two `functools.wraps`-decorated tools of two modules shared the first one's resolved string
-annotations; the arguments-model cache matched defaults by equality, so a closure whose default
-was `(True,)` got the model (and the default) of one whose default was `(1,)`.
+Bugs this pass found, each fixed after its test:
+- sends and cursor commits that wait in a worker thread (for an fsync, or for another process's
+  lock) hold their descriptors meanwhile, and as many ran at once as tasks asked: a team that
+  runs under the file limit failed with EMFILE under `durability="fsync"`, or when another
+  process held many inboxes' locks (now at most a quarter of the budget's room is in flight);
+- a parked reader whose commit was behind its segment (an ack of an older segment's message)
+  opened that segment and its cursor file and kept both, outside the budget, while it stayed
+  parked;
+- a child forked while another thread was inside the budget hung on its copy of the lock;
+- the tools' hints cache checked the wrapper's module, not the one `get_type_hints` resolves
+  in: two `functools.wraps`-decorated tools of two modules shared the first one's resolved
+  string annotations;
+- the arguments-model cache matched defaults by equality: a closure whose default was
+  `(True,)` got the model (and the default) of one whose default was `(1,)`.
 """
 
 from __future__ import annotations
@@ -455,6 +459,44 @@ async def test_a_rotation_half_done_while_parked_is_finished_and_read_in_order(
         await inbox.ack(*got)
         with pytest.raises(ReceiveTimeout):
             await inbox.receive(0.1)
+
+
+@pytest.mark.parametrize("durability", ["none", "fsync"])
+async def test_a_parked_reader_committing_behind_its_segment_keeps_nothing_open(
+    tmp_path: Path, tiny: DescriptorBudget, durability: str
+) -> None:
+    """The reader read on into segment 1 and parked; an ack of a message of segment 0 commits a
+    cursor in segment 0 (the tail check opens that segment, the commit the cursor file): a
+    parked reader is no holder of the budget, so whatever the commit opened must be closed
+    again, or each such member keeps two descriptors the budget never asks back."""
+    team = tmp_path / "t"
+    async with FileMailboxes(
+        team,
+        members=MEMBERS,
+        segment_bytes=400,
+        durability=durability,  # type: ignore[arg-type]
+    ) as mail:
+        held: list[Envelope] = []
+        for to in MEMBERS[1:]:
+            inbox = await mail.open_inbox(to)
+            for i in range(6):  # a rotation after three or four
+                await mail.send(Envelope.message("lead", to, i))
+            got = [await inbox.receive(5) for _ in range(6)]
+            assert (team / "inboxes" / f"{to}.000000.jsonl").exists()
+            assert _reader(mail, to).segment > 0
+            await inbox.ack(*got[2:])
+            held.append(got[1])  # 0 never acked: the cursor stays at the start of segment 0
+        _squeeze()
+        for envelope in held:  # each commit behind its reader, parked
+            await mail.inbox(envelope.recipient).ack(envelope)
+            assert _reader(mail, envelope.recipient).parked or durability == "fsync"
+        _squeeze()
+        assert [fd for fd in _team_fds(team) if "/inboxes/" in fd] == []
+    async with FileMailboxes(team, members=MEMBERS) as mail:
+        for to in MEMBERS[1:]:
+            assert (await mail.inbox(to).receive(5)).body == 0
+            with pytest.raises(ReceiveTimeout):
+                await mail.inbox(to).receive(0.05)  # every other ack held
 
 
 @pytest.mark.parametrize("how", ["deleted", "copied"])
