@@ -385,6 +385,8 @@ class FileReader(InboxReader):
                 self.store.in_flight.leave(self)
         else:
             self._commit(cursor)
+            if self._parked:  # it committed behind its segment: no holder keeps what it opened
+                self._close_descriptors()
 
     def _commit(self, cursor: Cursor) -> None:
         """Overwrite the older of the cursor file's two slots (one pwrite of one page).
