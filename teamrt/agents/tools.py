@@ -284,10 +284,13 @@ _HINTS: dict[Any, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
     """`get_type_hints(fn)`, kept per function code: closures of one function share their
-    module and, unless one was changed, their annotations."""
+    module and, unless one was changed, their annotations. The module is the one
+    `get_type_hints` resolves names in: the wrapped function's, for a `functools.wraps`
+    wrapper (one code for every function its decorator wraps)."""
     code = getattr(fn, "__code__", None)
     annotations = getattr(fn, "__annotations__", None)
-    module = getattr(fn, "__globals__", None)
+    inner = inspect.unwrap(fn)
+    module = getattr(inner, "__globals__", None)
     kept = _HINTS.get(code) if code is not None else None
     if kept is not None and kept[0] is module and kept[1] == annotations:
         return kept[2]
@@ -301,12 +304,17 @@ def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
 
 def _arguments_model(fn: Callable[..., Any], fields: dict[str, Any]) -> type[BaseModel]:
     """The model of `fn`'s arguments (fields: name -> (annotation, default)), shared by every
-    function of the same code and the same fields."""
+    function of the same code and the same fields. Defaults match by type, value and repr:
+    equal ones can differ (`(1,) == (True,)`, `0.0 == -0.0`), and the model hands its own out."""
     code = getattr(fn, "__code__", None)
-    key = (code, fn.__name__, tuple((n, a, type(d), d) for n, (a, d) in fields.items()))
     try:
+        key = (
+            code,
+            fn.__name__,
+            tuple((n, a, type(d), d, repr(d)) for n, (a, d) in fields.items()),
+        )
         found = _ARGUMENT_MODELS.get(key) if code is not None else None
-    except TypeError:  # an unhashable default or annotation: made afresh
+    except Exception:  # an unhashable default or annotation (or a repr that fails): made afresh
         code = None
         found = None
     if found is not None:

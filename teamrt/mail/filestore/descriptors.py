@@ -17,6 +17,12 @@ fail for want of descriptors, the budget gives back the idle holders' descriptor
 tried once more (`open_file`). Holders register and are released on the thread that runs their event
 loop, never from a worker thread; a holder busy in a worker thread (a contended append, an fsync)
 is skipped, and so is one that belongs to another thread's event loop.
+
+A busy holder cannot give anything back, so the number of them is bounded too: a send that waits
+in a worker thread for another process's lock, or for its fsync, and a cursor commit in `fsync`
+mode hold their descriptors meanwhile, and a store lets at most a quarter of the room be in
+flight that way at once (`InFlight`); the others wait for a turn, so that idle holders are always
+there to give back.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ import errno
 import os
 import resource
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Protocol
+
+import anyio
 
 MIN_BUDGET = 64
 #: Descriptors left for everything that is neither a lease nor a holder's.
@@ -130,6 +138,14 @@ class DescriptorBudget:
 BUDGET = DescriptorBudget()
 
 
+def _new_lock_in_child() -> None:
+    """A forked child's copy of the lock may be held by a thread that does not exist there."""
+    BUDGET._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def open_file(path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> int:
     """`os.open`, once more after the budget gave back what it could if the process was out
     of descriptors (on the event loop's thread only)."""
@@ -139,3 +155,45 @@ def open_file(path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> in
         if exc.errno != errno.EMFILE or not BUDGET.relieve():
             raise
     return os.open(path, flags, mode)
+
+
+class InFlight:
+    """Operations of one store (one event loop) that keep descriptors the budget cannot take back
+    while they wait for a worker thread (a contended lock, an fsync), by what they keep open (an
+    inbox's appender, a reader): at most a quarter of the budget's room of those at once, first
+    come first served. Operations on what is in flight already (sends to one inbox, sharing its
+    group commit) do not wait: they hold nothing more."""
+
+    def __init__(self) -> None:
+        self.users: dict[object, int] = {}  # what is in flight: how many operations use it
+        self._waiting: deque[tuple[object, anyio.Event]] = deque()
+
+    def _admits(self, key: object) -> bool:
+        return key in self.users or len(self.users) < max(1, BUDGET.room() // 4)
+
+    async def enter(self, key: object) -> None:
+        users = self.users
+        if key in users or (not self._waiting and self._admits(key)):
+            users[key] = users.get(key, 0) + 1
+            return
+        entry = (key, anyio.Event())
+        self._waiting.append(entry)
+        try:
+            await entry[1].wait()  # `leave` counted this one in when it set the event
+        except BaseException:
+            if entry[1].is_set():
+                self.leave(key)
+            else:
+                self._waiting.remove(entry)
+            raise
+
+    def leave(self, key: object) -> None:
+        users = self.users
+        users[key] -= 1
+        if not users[key]:
+            del users[key]
+        waiting = self._waiting
+        while waiting and self._admits(waiting[0][0]):
+            key, turn = waiting.popleft()
+            users[key] = users.get(key, 0) + 1
+            turn.set()

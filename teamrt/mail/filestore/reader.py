@@ -374,15 +374,19 @@ class FileReader(InboxReader):
     async def commit(self, cursor: Cursor) -> None:
         """See `_commit`; in `fsync` mode the commit runs in a worker thread."""
         if self.store.durability == "fsync":
-            if self._parked:
-                self._unpark()
-            self.busy = True  # the budget does not park it under the thread
+            await self.store.in_flight.enter(self)  # a turn first: busy, it gives nothing back
             try:
+                if self._parked:
+                    self._unpark()
+                self.busy = True  # the budget does not park it under the thread
                 await anyio.to_thread.run_sync(self._commit, cursor)
             finally:
                 self.busy = False
+                self.store.in_flight.leave(self)
         else:
             self._commit(cursor)
+            if self._parked:  # it committed behind its segment: no holder keeps what it opened
+                self._close_descriptors()
 
     def _commit(self, cursor: Cursor) -> None:
         """Overwrite the older of the cursor file's two slots (one pwrite of one page).

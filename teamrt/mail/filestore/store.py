@@ -26,7 +26,7 @@ from anyio.abc import TaskStatus
 from teamrt.errors import MemberBusy, StoreCorrupt, StoreError, UnknownRecipient, UsageError
 from teamrt.mail import inotify
 from teamrt.mail.filestore.appender import Appender
-from teamrt.mail.filestore.descriptors import BUDGET, open_file
+from teamrt.mail.filestore.descriptors import BUDGET, InFlight, open_file
 from teamrt.mail.filestore.fileio import (
     DIR_MODE,
     FILE_MODE,
@@ -181,6 +181,7 @@ class FileStore(Store):
         self._roster_mtime = -1
         self._appenders: dict[str, Appender] = {}
         self._sealed_by_dropped: dict[str, int] = {}  # torn tails sealed by dropped appenders
+        self.in_flight = InFlight()  # sends and commits holding descriptors in a thread
         self._heartbeat_fd = -1  # this store object's heartbeat file (see HEARTBEAT_PREFIX)
         self._heartbeat_name: str | None = None
         self._watched: dict[str, int] = {}
@@ -367,6 +368,15 @@ class FileStore(Store):
     async def append_many(self, recipient: str, encoded: Sequence[bytes]) -> int:
         if not encoded:
             return -1
+        # its appender may keep its descriptors in a worker thread (waiting for another
+        # process's lock, or for the fsync): a turn first (the one-step path never comes here)
+        await self.in_flight.enter(recipient)
+        try:
+            return await self._append_many(recipient, encoded)
+        finally:
+            self.in_flight.leave(recipient)
+
+    async def _append_many(self, recipient: str, encoded: Sequence[bytes]) -> int:
         appender = self._appender(recipient)
         if appender.busy:
             await appender.take_turn()
