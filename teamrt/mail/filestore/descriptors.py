@@ -96,7 +96,8 @@ class DescriptorBudget:
 
     def pin(self, count: int) -> None:
         """`count` more (or, negative, fewer) descriptors held that no holder can give back."""
-        self.pinned += count
+        with self._lock:
+            self.pinned += count
 
     def opened(self, holder: Holder, count: int) -> None:
         """`holder` now keeps `count` descriptors open (it is the newest); others give theirs
