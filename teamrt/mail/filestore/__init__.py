@@ -2,7 +2,8 @@
 
 Theory of operation. Each inbox is `inboxes/<agent>.jsonl`, appended to under an exclusive flock on
 `inboxes/<agent>.lock` (a file that is never deleted). A process keeps the lock and log descriptors
-open. Under the lock an append fstats the log; reopens it if it was rotated, deleted or replaced;
+open, up to its descriptor budget (descriptors.py: idle readers park, idle appenders are dropped,
+so a process runs more members than it may open files). Under the lock an append fstats the log; reopens it if it was rotated, deleted or replaced;
 if the size is not what this process last left, reads the tail to seal a torn fragment with a
 newline and to recover the next `seq`; rotates the log into a numbered segment past the size limit
 (link, then rename a fresh file over the active name, so the active file always exists); then
@@ -21,6 +22,7 @@ symbolic link.
     paths.py      the team directory's layout: where an inbox's files are, the active segment
     framing.py    lines into records (torn tails held back), the cursor file's two slots
     fileio.py     O_NOFOLLOW creation, atomic replace, directory checks, OSError translation
+    descriptors.py the process's descriptor budget: what idle readers and appenders give back
     appender.py   the locked append (an adaptive spin on a contended lock), seq recovery, rotation
     reader.py     the owner's reader, cursor checks and commits, quarantine
     store.py      FileStore: directory, roster, leases, the inotify watches (wake-ups; the
