@@ -237,12 +237,13 @@ class Mailboxes:
         """One envelope as `_encode_many` makes it; the usual one (nothing to fill in or check
         beyond the encoding: no task's trace, no telemetry, no payload model, no team key) the
         short way, once per send. `traced`: `telemetry.enabled()`, if the caller asked."""
+        fields = envelope.__dict__  # (one read through pydantic's __getattr__ hook, not three)
         if (
-            envelope.team is None
+            fields["team"] is None
             and self._signer is None
-            and (envelope.trace_id is not None or _trace.get() is None)  # current_trace()
+            and (fields["trace_id"] is not None or _trace.get() is None)  # current_trace()
             and not (telemetry.enabled() if traced is None else traced)
-            and _payload_for(envelope.type) is None
+            and _payload_for(fields["type"]) is None
         ):
             encoded = encode(envelope, finite=True)
             if len(encoded) <= self.store.max_envelope:
