@@ -278,3 +278,43 @@ async def test_a_late_answer_from_someone_not_asked_is_rejected_not_received(
             await lead.receive(0.05)
         stats = lead.statistics()
         assert stats.late_responses == 1 and stats.rejected_responses == 1
+
+
+# --- the request's first wait asks the store nothing ----------------------------------------------
+
+
+async def test_a_request_waits_without_asking_the_store_and_still_sees_an_early_answer(
+    tmp_path: Path,
+) -> None:
+    """After its send, `request()` decides whether to sleep from what the inbox knows (read and
+    not decoded, signalled, not read to the end), not from the reader's `has_new()` (a system
+    call in the file store); an answer already in the log, its notification still on the way,
+    wakes it all the same, as does one the inbox was signalled for before the wait."""
+    # the worker answers through mailboxes of its own, as another process would: the lead's
+    # inbox learns of the answer from the file's notification only
+    async with (
+        FileMailboxes(tmp_path / "t", members=MEMBERS) as mail,
+        FileMailboxes(tmp_path / "t") as other,
+    ):
+        lead, worker = mail.inbox("lead"), other.inbox("worker")
+        reader = lead._reading
+
+        def refuse() -> bool:
+            raise AssertionError("has_new() asked on the request's path")
+
+        reader.has_new = refuse  # type: ignore[method-assign]
+        real_send = mail.send
+
+        async def send_then_answer(envelope: Envelope) -> None:
+            await real_send(envelope)
+            if envelope.kind == "request":  # answered before request() waits, in the log
+                request = worker.receive_nowait()
+                await other.send(Envelope.response(request, "early"))
+                worker.ack_nowait(request)
+
+        mail.send = send_then_answer  # type: ignore[method-assign]
+        with anyio.fail_after(5):  # far less than the deadline: it is woken, not timed out
+            for i in range(20):
+                response = await mail.request(Envelope.request("lead", "worker", i), timeout=60)
+                assert response.body == "early"
+        assert reader.caught_up and not lead._poked
