@@ -514,12 +514,7 @@ class Inbox:
         await since), so what came before the wait need not be looked for again."""
         if self._routed:  # the wait runs while the other side works: off the round trip's path
             self._settle()
-        # something may have come before this wait (`_unread`, as receive() decides, without
-        # asking the store: the file store's has_new() is a system call, on the requester's
-        # path once per request): read and not decoded yet, signalled since the last read (a
-        # write's notification, a send from this process), or not read to the end; a write
-        # whose notification is still on its way wakes the wait below
-        if not read and (self._entries or self._poked or not self._reading.caught_up):
+        if not read and (self._entries or self._reading.has_new()):  # came before this wait
             return True
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
