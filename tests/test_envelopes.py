@@ -287,3 +287,51 @@ def test_an_id_is_its_time_tag_and_counter_in_hex() -> None:
     assert envelopes._id_of(0).startswith("0" * 14)
     assert envelopes._id_of((1 << 56) - 1).startswith("f" * 14)
     assert all(c in "0123456789abcdef" for c in first)
+
+
+def test_constructors_leave_their_default_values_alone() -> None:
+    """The constructors copy their kind's default values: an envelope's fields are its own,
+    and the defaults are what they were after any number of envelopes."""
+    from teamrt import envelopes
+
+    before = [
+        dict(d)
+        for d in (envelopes._MESSAGE_VALUES, envelopes._REQUEST_VALUES, envelopes._RESPONSE_VALUES)
+    ]
+    request = Envelope.request("lead", "w", {"a": 1}, timeout=5)
+    other = Envelope.request("lead", "x", 2)
+    response = Envelope.response(request, 3)
+    message = Envelope.message("lead", "w", 4)
+    assert request.__dict__ is not other.__dict__ and request.recipient == "w"
+    assert (response.in_reply_to, response.recipient, message.kind) == (
+        request.id,
+        "lead",
+        "message",
+    )
+    after = [envelopes._MESSAGE_VALUES, envelopes._REQUEST_VALUES, envelopes._RESPONSE_VALUES]
+    assert before == after and all(v["id"] is None and v["body"] is None for v in after)
+
+
+def test_response_to_a_request_missing_fields_raises_as_an_attribute_read_does() -> None:
+    """`response` reads the request's fields from its dict; a request `model_construct` left
+    without a recipient fails as reading the attribute fails."""
+    request = Request.model_construct(sender="lead")  # type: ignore[call-arg]
+    with pytest.raises(AttributeError):
+        request.recipient  # noqa: B018
+    with pytest.raises(AttributeError):
+        Envelope.response(request, 1)
+    with pytest.raises(UsageError):
+        Envelope.response(Envelope.message("lead", "w", 1), 1)
+
+
+def test_with_deadline_keeps_a_subclass_private_attributes() -> None:
+    """teamrt's own classes are copied without looking for extras or private attributes; a
+    user's subclass that has them keeps them, as model_copy keeps them."""
+    from pydantic import PrivateAttr
+
+    class Tagged(Request):
+        _tag: str = PrivateAttr(default="x")
+
+    tagged = Tagged(sender="lead", recipient="w", body=1)
+    copy = tagged.with_deadline(5.0)
+    assert type(copy) is Tagged and copy.deadline == 5.0 and copy._tag == "x"

@@ -237,12 +237,13 @@ class Mailboxes:
         """One envelope as `_encode_many` makes it; the usual one (nothing to fill in or check
         beyond the encoding: no task's trace, no telemetry, no payload model, no team key) the
         short way, once per send. `traced`: `telemetry.enabled()`, if the caller asked."""
+        fields = envelope.__dict__  # (one read through pydantic's __getattr__ hook, not three)
         if (
-            envelope.team is None
+            fields["team"] is None
             and self._signer is None
-            and (envelope.trace_id is not None or _trace.get() is None)  # current_trace()
+            and (fields["trace_id"] is not None or _trace.get() is None)  # current_trace()
             and not (telemetry.enabled() if traced is None else traced)
-            and _payload_for(envelope.type) is None
+            and _payload_for(fields["type"]) is None
         ):
             encoded = encode(envelope, finite=True)
             if len(encoded) <= self.store.max_envelope:
@@ -427,10 +428,11 @@ class Mailboxes:
         deadline = deadline_after(timeout)  # NaN, or too large for a float: UsageError
         if timeout == math.inf:
             timeout = None  # no deadline to stamp: wait as for None
-        if timeout is None and envelope.deadline is not None:
-            timeout = max(0.0, envelope.deadline - time.time())
+        stamped = envelope.deadline  # (read once: a model's field is read through a hook)
+        if timeout is None and stamped is not None:
+            timeout = max(0.0, stamped - time.time())
             deadline = deadline_after(timeout)
-        elif timeout is not None and envelope.deadline is None:
+        elif timeout is not None and stamped is None:
             envelope = envelope.with_deadline(envelope.ts + timeout)
         if not consume:
             response = await self._watch_for_response(envelope, timeout, require_live)
@@ -497,9 +499,11 @@ class Mailboxes:
         self, envelope: Request, timeout: float | None, deadline: float, require_live: bool
     ) -> Response:
         """Send `envelope` and wait for its answer until `deadline` (monotonic)."""
-        inbox = self._inboxes.get(envelope.sender) or await self.open_inbox(envelope.sender)
-        reply = _Reply(envelope.recipient)
-        inbox._pending[envelope.id] = reply
+        # the fields read once: a model's attribute is read through pydantic's __getattr__ hook
+        asked, sender, recipient = envelope.id, envelope.sender, envelope.recipient
+        inbox = self._inboxes.get(sender) or await self.open_inbox(sender)
+        reply = _Reply(recipient)
+        inbox._pending[asked] = reply
         try:
             await self.send(envelope)
             # after the send, while the member works on it (off the round trip's path)
@@ -509,7 +513,9 @@ class Mailboxes:
             # already, and set no event for this wait to see
             read = False  # after _pump(), which reads to the end, _wait need not look again
             while reply.response is None:
-                if not await inbox._wait(min(deadline, check_at), read=read):
+                # (not min(): a builtin's call costs more than the comparison)
+                until = deadline if deadline < check_at else check_at
+                if not await inbox._wait(until, read=read):
                     if time.monotonic() >= deadline:
                         break
                     try:
@@ -518,7 +524,7 @@ class Mailboxes:
                         if reply.response is not None:  # it answered, then stopped
                             break
                         # a late answer (from the member asked) is counted as late
-                        inbox._timed_out.add(envelope.id, envelope.recipient)
+                        inbox._timed_out.add(asked, recipient)
                         raise
                     check_at = time.monotonic() + _LIVENESS_EVERY
                 inbox._pump()
@@ -526,10 +532,10 @@ class Mailboxes:
                 if reply.response is not None:
                     break
         finally:
-            inbox._pending.pop(envelope.id, None)
+            inbox._pending.pop(asked, None)
         response = reply.response
         if response is None:
-            inbox._timed_out.add(envelope.id, envelope.recipient)
+            inbox._timed_out.add(asked, recipient)
             raise self._timed_out(envelope, timeout)
         return response
 
