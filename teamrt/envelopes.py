@@ -271,18 +271,8 @@ class Envelope(BaseModel):
     ) -> Message:
         """A one-way envelope."""
         if _plain(body, type, trace_id, sender, recipient):
-            # what _build would make: the fields checked here, by the same rules; the values
-            # start from the kind's defaults, in the declared order (a copy costs a third of
-            # a 14-key literal), and the caller's fields are set in place
-            now = time.time()
-            values = _MESSAGE_VALUES.copy()
-            values["id"] = _id_at(now)
-            values["type"] = type
-            values["sender"] = sender
-            values["recipient"] = recipient
-            values["trace_id"] = trace_id
-            values["ts"] = now
-            values["body"] = body
+            # what _build would make: the fields checked here, by the same rules
+            values = _filled(_MESSAGE_VALUES, time.time(), type, sender, recipient, trace_id, body)
             return _new(Message, values, _MESSAGE_SET)
         return _build(
             Message,
@@ -309,15 +299,8 @@ class Envelope(BaseModel):
         if _plain(body, type, trace_id, sender, recipient) and (
             deadline is None or (builtins.type(deadline) is float and math.isfinite(deadline))
         ):
-            values = _REQUEST_VALUES.copy()  # as in `message`
-            values["id"] = _id_at(now)
-            values["type"] = type
-            values["sender"] = sender
-            values["recipient"] = recipient
-            values["trace_id"] = trace_id
-            values["ts"] = now
+            values = _filled(_REQUEST_VALUES, now, type, sender, recipient, trace_id, body)
             values["deadline"] = deadline
-            values["body"] = body
             return _new(Request, values, _REQUEST_SET)
         return _build(
             Request,
@@ -346,16 +329,8 @@ class Envelope(BaseModel):
             and builtins.type(asked) is str
             and 0 < len(asked) <= 64
         ):
-            now = time.time()
-            values = _RESPONSE_VALUES.copy()  # as in `message`
-            values["id"] = _id_at(now)
-            values["type"] = type
-            values["sender"] = sender
-            values["recipient"] = recipient
+            values = _filled(_RESPONSE_VALUES, time.time(), type, sender, recipient, trace_id, body)
             values["in_reply_to"] = asked
-            values["trace_id"] = trace_id
-            values["ts"] = now
-            values["body"] = body
             return _new(Response, values, _RESPONSE_SET)
         return _build(
             Response,
@@ -472,6 +447,29 @@ def _defaults(kind: str) -> dict[str, Any]:
     values: dict[str, Any] = dict.fromkeys(Envelope.model_fields)
     values["v"] = FORMAT_VERSION
     values["kind"] = kind
+    return values
+
+
+def _filled(
+    defaults: dict[str, Any],
+    now: float,
+    type: str,
+    sender: Any,
+    recipient: Any,
+    trace_id: Any,
+    body: Any,
+) -> dict[str, Any]:
+    """A constructor's values: its kind's defaults (a copy costs a third of a 14-key literal)
+    with the fields every constructor sets (checked by `_plain` first), the id from the same
+    clock read as `ts`."""
+    values = defaults.copy()
+    values["id"] = _id_at(now)
+    values["type"] = type
+    values["sender"] = sender
+    values["recipient"] = recipient
+    values["trace_id"] = trace_id
+    values["ts"] = now
+    values["body"] = body
     return values
 
 
