@@ -275,10 +275,11 @@ def tool(
     return make(fn) if fn is not None else make
 
 
-#: Arguments models by function code and fields: a team makes the same messaging tools (closures
-#: of one function) for each of its members, and a pydantic model costs about a millisecond.
+#: Arguments models by function code and fields, and type hints by function code: a team makes
+#: the same messaging tools (closures of one function) for each of its members, and a pydantic
+#: model costs about a millisecond. Each cache starts afresh past `_KEPT` entries.
 _ARGUMENT_MODELS: dict[tuple[Any, ...], type[BaseModel]] = {}
-_ARGUMENT_MODELS_KEPT = 1024
+_KEPT = 1024
 _HINTS: dict[Any, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
 
 
@@ -296,7 +297,7 @@ def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
         return kept[2]
     hints = get_type_hints(fn)
     if code is not None and isinstance(annotations, dict):
-        if len(_HINTS) >= _ARGUMENT_MODELS_KEPT:
+        if len(_HINTS) >= _KEPT:
             _HINTS.clear()
         _HINTS[code] = (module, dict(annotations), hints)
     return hints
@@ -323,7 +324,7 @@ def _arguments_model(fn: Callable[..., Any], fields: dict[str, Any]) -> type[Bas
         f"{fn.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields
     )
     if code is not None:
-        if len(_ARGUMENT_MODELS) >= _ARGUMENT_MODELS_KEPT:
+        if len(_ARGUMENT_MODELS) >= _KEPT:
             _ARGUMENT_MODELS.clear()
         _ARGUMENT_MODELS[key] = model
     return model

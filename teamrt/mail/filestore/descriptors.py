@@ -3,12 +3,12 @@
 A process that runs many members holds, for each, a lease (an flock: it lives exactly as long as its
 descriptor, so it is never given back), the log it reads, and the cursor file it commits; and for
 each inbox it sends to, that inbox's lock and log. Ten thousand members would need some 30,000
-descriptors. Leases stay; the rest are a cache. Readers and appenders register what they hold
-here, and when the total passes the budget the ones opened longest ago give theirs back, if they
-are idle: a reader parks (see `FileReader.park`: it keeps its position and the identity of its
-file, and its next read reopens the file and checks that it is the same one), an appender is
-dropped (the next send opens a new one, which recovers `seq` from the log's tail as any new
-writer does). Inotify watches name inodes, not descriptors, so a parked reader is still woken.
+descriptors. Leases stay; the rest are a cache. Readers and appenders register what they hold here,
+and when the total passes the budget the ones opened longest ago give theirs back, if they are idle:
+a reader parks (see `FileReader.release_descriptors`: it keeps its position and the identity of its
+file, and its next read reopens the file and checks that it is the same one), an appender is dropped
+(the next send opens a new one, which recovers `seq` from the log's tail as any new writer does).
+Inotify watches name inodes, not descriptors, so a parked reader is still woken.
 
 The budget is a quarter of this process's soft `RLIMIT_NOFILE` (at least 64), or
 `TEAMRT_FD_BUDGET`, and never more than what the leases this process holds leave of the limit
@@ -106,8 +106,9 @@ class DescriptorBudget:
             holders = self._holders
             self.held += count - holders.pop(holder, (0, 0))[0]
             holders[holder] = (count, threading.get_ident())
-            if self.held > self.room():
-                self._shrink(holder, self.room())
+            room = self.room()
+            if self.held > room:
+                self._shrink(holder, room)
 
     def closed(self, holder: Holder) -> None:
         """`holder` keeps nothing open any more."""
