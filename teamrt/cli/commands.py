@@ -261,6 +261,31 @@ def bench(args: argparse.Namespace) -> int:
     )
 
 
+async def soak(args: argparse.Namespace) -> int:
+    from teamrt.testing.soak import FAULTS, soak
+
+    if args.dir is not None and os.path.exists(args.dir) and not os.path.isdir(args.dir):
+        raise UsageError(f"--dir {args.dir} is a file; give a directory for the soak's logs")
+    root = Path(args.dir) if args.dir is not None else None
+    if root is not None:
+        root.mkdir(parents=True, exist_ok=True)
+    say = (lambda _line: None) if args.json else (lambda line: print(line, flush=True))
+    figures = await soak(
+        seconds=args.seconds,
+        seed=args.seed,
+        root=root,
+        teammates=args.teammates,
+        fault_every=args.every,
+        faults=args.fault or FAULTS,
+        say=say,
+    )
+    if args.json:
+        print(json.dumps({**dataclasses.asdict(figures), "ok": figures.ok}))
+    else:
+        print("\n".join(figures.lines()))
+    return 0 if figures.ok else 1
+
+
 async def run_agent(args: argparse.Namespace) -> int:
     from teamrt.team import Team, TeamBudget
 

@@ -1,5 +1,5 @@
-"""The `teamrt` command: send, inspect, repair, replay, rerun, fork, bench, run-agent, demo,
-eval.
+"""The `teamrt` command: send, inspect, repair, replay, rerun, fork, bench, soak, run-agent,
+demo, eval.
 
 Commands raise teamrt's own errors (`UsageError` for the caller's mistakes) and never print a
 traceback: `teamrt.cli.runner` runs them, words what went wrong in one line and turns SIGINT and
@@ -274,6 +274,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
     bench.set_defaults(run=cmd.bench)
+
+    soak = commands.add_parser(
+        "soak",
+        help="run a team on Redis under random faults and count what its guarantees kept",
+        description="Starts a private redis-server (append-only file, appendfsync always) "
+        "behind a TCP proxy, teammates as `teamrt run-agent` processes and a raw consumer "
+        "process, with this process as the lead asking tasks (each under an idempotency key) "
+        "and sending messages. Every few seconds a fault picked at random: the server killed "
+        "and restarted from its append-only file, the server paused, a partition (the proxy "
+        "stops the bytes both ways), a teammate or the consumer killed, or paused past its "
+        "lease while a replacement takes the lease over. Prints acknowledged sends lost, "
+        "envelopes delivered twice or by a holder that had lost its lease, tasks run twice "
+        "without an in-flight crash, teammate processes that exited, asks hung (each target "
+        "0) and asks answered; exits 1 if a target is missed. Needs redis-server.",
+    )
+    soak.add_argument(
+        "--seconds", type=seconds, default=600.0, help="how long faults go on (default 600)"
+    )
+    soak.add_argument("--seed", type=int, default=1, help="the faults' random seed (default 1)")
+    soak.add_argument(
+        "--every",
+        type=seconds,
+        default=8.0,
+        metavar="SECONDS",
+        help="mean time between two faults (default 8)",
+    )
+    soak.add_argument(
+        "--fault",
+        action="append",
+        metavar="KIND",
+        help="only this kind of fault (repeatable; default: every kind): server_kill, "
+        "server_pause, partition, teammate_kill, teammate_pause, sink_kill, sink_pause",
+    )
+    soak.add_argument("--teammates", type=positive_int, default=2, help="default 2")
+    soak.add_argument("--dir", help="keep the run's logs here (default: a temp dir, removed)")
+    soak.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    soak.set_defaults(run=cmd.soak)
 
     run_agent = commands.add_parser(
         "run-agent",
