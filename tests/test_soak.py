@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 from teamrt.testing.soak import Figures, judge_deliveries, judge_runs
 
