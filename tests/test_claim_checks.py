@@ -24,6 +24,7 @@ from teamrt.models import FunctionModel
 from teamrt.models.base import ChatMessage, ToolSpec
 from teamrt.team import Team, Teammate
 from tests.redis_server import REDIS_SERVER, RedisServer, shared_redis
+from tests.remote import exit_code, run_agent, until_running
 
 __all__ = ["shared_redis"]  # the fixture
 
@@ -238,3 +239,28 @@ async def test_a_blob_of_a_signed_team_is_vouched_for_by_the_signature(tmp_path:
         with anyio.fail_after(10):
             got = await inbox.receive()
         assert got.body == big
+
+
+def _sized(size: int) -> str:
+    """What tests/claim_specs.py's `sizer` answers to "answer SIZE"."""
+    return "".join(chr(ord("a") + i % 26) for i in range(26)) * (size // 26) + "z" * (size % 26)
+
+
+async def test_a_teammate_in_another_process_answers_large_and_too_large(tmp_path: Path) -> None:
+    team_dir = tmp_path / "t"
+    async with FileMailboxes(team_dir, members=["lead", "w"]) as mail:
+        proc = run_agent(team_dir, "sizer", module="claim_specs")
+        try:
+            await until_running(mail, proc)
+            async with Team(mail, [], remote=["w"]) as team:
+                result = await team.ask("w", f"answer {5 * MiB}", timeout=50)
+                assert result.answer == _sized(5 * MiB)
+                with pytest.raises(RemoteError, match=r"65\.0 MiB, over max_blob=64\.0 MiB"):
+                    await team.ask("w", f"answer {65 * MiB}", timeout=50)
+                assert (await team.ask("w", "answer 10", timeout=50)).answer == _sized(10)
+            code, err = await exit_code(proc, timeout=30)
+            assert code == 0, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
