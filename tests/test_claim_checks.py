@@ -15,7 +15,7 @@ import redis
 from anyio import WouldBlock
 
 from teamrt import BlobTooLarge, Envelope, RemoteError
-from teamrt.mail import FileMailboxes, Mailboxes, MemoryMailboxes
+from teamrt.mail import FileMailboxes, FileStore, Mailboxes, MemoryMailboxes
 from teamrt.mail.claims import CLAIM, claim_of
 from teamrt.mail.filestore.blobs import blob_path
 from teamrt.mail.memory import MemoryStore
@@ -264,3 +264,54 @@ async def test_a_teammate_in_another_process_answers_large_and_too_large(tmp_pat
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+async def test_a_large_broadcast_reaches_every_other_member(make_mail: MakeMail) -> None:
+    big = payload(2 * MiB)
+    async with make_mail(("lead", "w", "v")) as mail:
+        await mail.send(Envelope.broadcast("lead", big))
+        for name in ("w", "v"):
+            inbox = await mail.open_inbox(name)
+            assert (await inbox.receive(timeout=10)).body == big
+
+
+async def test_a_request_that_does_not_consume_gets_a_large_answer(tmp_path: Path) -> None:
+    big = payload(2 * MiB)
+    async with FileMailboxes(tmp_path / "t", members=["lead", "w"]) as mail:
+
+        async def answer() -> None:
+            inbox = mail.inbox("w")
+            request = await inbox.receive(timeout=10)
+            await mail.send(Envelope.response(request, big))
+            await inbox.ack(request)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(answer)
+            asked = Envelope.request("lead", "w", "the big one", type="task")
+            response = await mail.request(asked, timeout=10, consume=False, require_live=False)
+        assert response.body == big
+
+
+@pytest.mark.parametrize("kind", ["files", "redis"])
+async def test_destroying_a_team_deletes_its_blobs(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    if kind == "redis" and REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed")
+
+    def store() -> FileStore | RedisStore:
+        if kind == "files":
+            return FileStore(tmp_path / "t")
+        server: RedisServer = request.getfixturevalue("shared_redis")
+        url = getattr(request.node, "_redis_url", None) or server.url()
+        request.node._redis_url = url
+        return RedisStore(url)
+
+    async with Mailboxes(store(), members=["lead", "w"]) as mail:
+        await mail.send(Envelope.message("lead", "w", payload(2 * MiB)))
+        digest = only_claim(mail, "w")
+    doomed = store()
+    assert doomed.blob_get_nowait(digest) is not None
+    await doomed.destroy()
+    assert doomed.blob_get_nowait(digest) is None
+    await doomed.close()
