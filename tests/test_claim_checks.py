@@ -15,6 +15,7 @@ import redis
 from anyio import WouldBlock
 
 from teamrt import BlobTooLarge, Envelope, RemoteError
+from teamrt.errors import UnsafeDirectory
 from teamrt.mail import FileMailboxes, FileStore, Mailboxes, MemoryMailboxes
 from teamrt.mail.claims import CLAIM, claim_of
 from teamrt.mail.filestore.blobs import blob_path
@@ -315,3 +316,14 @@ async def test_destroying_a_team_deletes_its_blobs(
     await doomed.destroy()
     assert doomed.blob_get_nowait(digest) is None
     await doomed.close()
+
+
+async def test_a_blobs_directory_another_could_write_is_refused(tmp_path: Path) -> None:
+    async with FileMailboxes(tmp_path / "t", members=["lead", "w"]):
+        pass
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "t" / "blobs").symlink_to(elsewhere)
+    with pytest.raises(UnsafeDirectory, match="blobs is a symbolic link"):
+        async with FileMailboxes(tmp_path / "t"):
+            pass

@@ -209,7 +209,7 @@ class FileStore(Store):
         """Refuse a team directory another user could have prepared or can write."""
         try:
             check_directory(self.path, shared_group=self.shared_group, follow=True)
-            for directory in (self.inboxes, self.agents):
+            for directory in (self.inboxes, self.agents, self.path / BLOBS):
                 check_directory(directory, shared_group=self.shared_group)
         except OSError as exc:
             raise translate(exc, f"check team directory {self.path}") from None
