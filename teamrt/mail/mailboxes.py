@@ -1,7 +1,8 @@
 """Mailboxes: sending, receiving, acks, request/response and broadcast over any store.
 
 Theory of operation. `send` encodes an envelope once (refusing NaN and Infinity, signing it when
-the team has a key) and has the store append it, retrying an append whose outcome a network store
+the team has a key; one over the envelope limit goes as a claim check, claims.py) and has the
+store append it, retrying an append whose outcome a network store
 could not tell with the same envelope (the receiver drops a second copy by id); a broadcast is
 appended to every other member's inbox, in one step where the store can, and otherwise reports
 exactly who got it if some appends fail. A receiver in the same process is woken directly, one in
