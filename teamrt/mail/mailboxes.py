@@ -2,8 +2,8 @@
 
 Theory of operation. `send` encodes an envelope once (refusing NaN and Infinity, signing it when
 the team has a key; one over the envelope limit goes as a claim check, claims.py) and has the
-store append it, retrying an append whose outcome a network store
-could not tell with the same envelope (the receiver drops a second copy by id); a broadcast is
+store append it, retrying an append whose outcome a network store could not tell with the same
+envelope (the receiver drops a second copy by id); a broadcast is
 appended to every other member's inbox, in one step where the store can, and otherwise reports
 exactly who got it if some appends fail. A receiver in the same process is woken directly, one in
 another process by the store's watcher (inotify, or a blocking read of a network store), and a slow
