@@ -13,6 +13,7 @@ from teamrt.envelopes import (
     register_payload,
 )
 from teamrt.errors import (
+    BlobTooLarge,
     DiskFull,
     DurabilityError,
     EnvelopeTooLarge,
@@ -48,6 +49,7 @@ from teamrt.mail import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlobTooLarge",
     "Broadcast",
     "DiskFull",
     "DurabilityError",

@@ -9,6 +9,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     │   ├── InvalidName                      an agent or team name outside the safe charset
     │   ├── InvalidEnvelope                  an envelope constructor got a bad field
     │   ├── EnvelopeTooLarge                 an encoded envelope over the size limit
+    │   │   └── BlobTooLarge                 a payload over max_blob, too big even as a claim check
     │   ├── PayloadError                     a body that fails its registered payload model
     │   └── UnknownRecipient(LookupError)    no such member in the roster
     ├── MailboxClosed(RuntimeError)          the mailboxes were used after close
@@ -69,6 +70,11 @@ class InvalidEnvelope(UsageError):
 
 class EnvelopeTooLarge(UsageError):
     """An encoded envelope is larger than the store accepts; nothing was written."""
+
+
+class BlobTooLarge(EnvelopeTooLarge):
+    """A payload is larger than the team's `max_blob`, the most a claim check carries; nothing
+    was stored or sent."""
 
 
 class PayloadError(UsageError):

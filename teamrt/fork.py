@@ -28,6 +28,9 @@ again, a tool call in flight runs again with the same call id):
   not among the ids the cursor remembers: the copy sent again (a `request` is sent again with
   the same id) is delivered once, and answered to the call that now waits for it.
 
+- **blobs**: the blobs of the claim checks among the copied records (`blobs/<sha256>`, copied
+  and verified by the export), so that a payload over the envelope limit reaches the fork too.
+
 Leases, heartbeats and the budget ledger are not copied: the fork is not running. Journal lines
 written by an older teamrt carry no time: a start is placed at its task's request, a model call
 at its record in the transcript, any other line at the next line that has a time (or, at the

@@ -117,6 +117,7 @@ def test_bad_names(name: object) -> None:
 def test_public_surface_is_pinned() -> None:
     assert teamrt.__all__ == sorted(teamrt.__all__)
     assert set(teamrt.__all__) == {
+        "BlobTooLarge",
         "Broadcast",
         "DiskFull",
         "DurabilityError",

@@ -917,7 +917,8 @@ async def test_records_around_the_read_sizes_arrive_whole_and_in_order(
     boundaries; written before the
     reader starts (a backlog) or while it waits: each arrives whole, in order, once, and no
     read says it caught up while complete lines are unread."""
-    async with _file_mail(tmp_path, store={"max_envelope": LIMIT}) as mail:
+    # claim checks off (max_blob=0): an envelope over the limit is refused whole
+    async with _file_mail(tmp_path, store={"max_envelope": LIMIT, "max_blob": 0}) as mail:
         store: FileStore = mail.store  # type: ignore[assignment]
         worker = await mail.open_inbox("worker")
         violations: list[str] = []
@@ -1471,7 +1472,8 @@ async def test_the_short_encoding_refuses_what_the_batched_one_refuses(tmp_path:
     """A body that does not fit its registered payload model, an envelope of another team, an
     envelope over the limit (one byte over, and far over): the same error either way, and
     send() writes nothing."""
-    async with _file_mail(tmp_path, store={"max_envelope": 4096}) as mail:
+    # claim checks off (max_blob=0): an envelope over the limit is refused whole
+    async with _file_mail(tmp_path, store={"max_envelope": 4096, "max_blob": 0}) as mail:
         store: FileStore = mail.store  # type: ignore[assignment]
         await mail.send(Envelope.message("lead", "worker", "first"))
         at_limit = Envelope.message("lead", "worker", "")

@@ -33,6 +33,7 @@ from anyio import WouldBlock
 from teamrt.codec import EnvelopeFields, decode_fields
 from teamrt.envelopes import Envelope, Response
 from teamrt.errors import LeaseLost, MailboxClosed, ReceiveTimeout, UsageError
+from teamrt.mail.claims import CLAIM, redeem
 from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import AckTracker, Corrupt, Cursor, Entry
 from teamrt.mail.store import InboxReader, Lease, run_local
@@ -625,11 +626,29 @@ class Inbox:
             ):
                 self._quarantine(Corrupt(entry.at, entry.end, self._misfiled(decoded), raw))
                 continue
+            body = decoded.body
+            if body.__class__ is dict and CLAIM in body:  # a claim check (claims.py)
+                decoded = self._redeem(entry, decoded)
+                if decoded is None:
+                    continue
             if not deliver(decoded.id, entry.segment, entry.stop, decoded.seq):
                 self._duplicates += 1
                 continue
             if decoded.kind != "response" or self._route(decoded):
                 append(decoded)
+
+    def _redeem(self, entry: Entry, fields: EnvelopeFields) -> EnvelopeFields | None:
+        """`fields` with its claim check's body, or None once quarantined (a missing or
+        corrupt blob). If the store cannot be read, the record waits for the next read."""
+        try:
+            redeemed = redeem(self._store, fields)
+        except BaseException:
+            self._entries.appendleft(entry)
+            raise
+        if type(redeemed) is str:
+            self._quarantine(Corrupt(entry.at, entry.end, redeemed, entry.raw))
+            return None
+        return redeemed  # type: ignore[return-value]
 
     def _misfiled(self, envelope: EnvelopeFields) -> str:
         if envelope.team != self._team:

@@ -20,7 +20,7 @@ import msgspec
 from pydantic import ValidationError
 
 from teamrt.codec import encode as codec_encode
-from teamrt.codec import reason
+from teamrt.codec import is_claim, reason
 from teamrt.envelopes import (
     ENVELOPE_ADAPTER,
     Broadcast,
@@ -181,7 +181,7 @@ def decode_line(line: bytes) -> Envelope | str:
     if envelope.seq is None:
         return "schema: seq: field required"
     registered = payload_model(envelope.type)
-    if registered is not None:
+    if registered is not None and not is_claim(envelope.body):  # (checked once redeemed)
         try:
             registered.model_validate(envelope.body)
         except ValidationError as exc:

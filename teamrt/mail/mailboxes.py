@@ -1,8 +1,9 @@
 """Mailboxes: sending, receiving, acks, request/response and broadcast over any store.
 
 Theory of operation. `send` encodes an envelope once (refusing NaN and Infinity, signing it when
-the team has a key) and has the store append it, retrying an append whose outcome a network store
-could not tell with the same envelope (the receiver drops a second copy by id); a broadcast is
+the team has a key; one over the envelope limit goes as a claim check, claims.py) and has the
+store append it, retrying an append whose outcome a network store could not tell with the same
+envelope (the receiver drops a second copy by id); a broadcast is
 appended to every other member's inbox, in one step where the store can, and otherwise reports
 exactly who got it if some appends fail. A receiver in the same process is woken directly, one in
 another process by the store's watcher (inotify, or a blocking read of a network store), and a slow
@@ -58,6 +59,7 @@ from teamrt.errors import (
     TeammateGone,
     UsageError,
 )
+from teamrt.mail import claims
 from teamrt.mail.inbox import Inbox, InboxStatistics, _Reply, deadline_after
 from teamrt.mail.log import decode_line
 from teamrt.mail.signing import Signer, team_key
@@ -250,9 +252,11 @@ class Mailboxes:
                 return encoded
         return self._encode_many((envelope,))[0]
 
-    def _encode_many(self, envelopes: Iterable[Envelope]) -> list[bytes]:
+    def _encode_many(self, envelopes: Iterable[Envelope], *, validate: bool = True) -> list[bytes]:
         """Each envelope as the line its inbox gets (before `seq` and `team`), checked; what is
-        the same for the whole batch is looked up once (the batched send's hot path)."""
+        the same for the whole batch is looked up once (the batched send's hot path).
+        `validate=False`: bodies are not checked against their payload models (a claim check's
+        reference, whose payload was)."""
         trace = current_trace()
         traced = telemetry.enabled()
         team, limit, signer = self.store.team, self.store.max_envelope, self._signer
@@ -265,7 +269,7 @@ class Mailboxes:
                 envelope = envelope.model_copy(update={"traceparent": telemetry.traceparent()})
             if envelope.team is not None and envelope.team != team:
                 raise UsageError(f"envelope is for team {envelope.team!r}, not {team!r}")
-            if payload_for(envelope.type) is not None:
+            if validate and payload_for(envelope.type) is not None:
                 validate_body(envelope.type, envelope.body)
             encoded = encode(envelope, finite=True)
             if signer is not None:
@@ -302,7 +306,10 @@ class Mailboxes:
 
     async def _send(self, envelope: Envelope, traced: bool) -> None:
         """`send`, once open (`traced`: inside a telemetry span)."""
-        encoded = self._encode(envelope, traced=traced)
+        try:
+            encoded = self._encode(envelope, traced=traced)
+        except EnvelopeTooLarge as refused:  # its body goes as a claim check (claims.py)
+            encoded = await claims.check_in(self, envelope, refused)
         recipient = envelope.recipient
         if recipient == "*" and isinstance(envelope, Broadcast):  # (only a broadcast's is "*")
             await self._broadcast(envelope, encoded)
@@ -388,7 +395,13 @@ class Mailboxes:
                 for broadcast in group:
                     await self.send(broadcast)
                 continue
-            batch = self._encode_many(group)
+            envelopes_to = list(group)
+            try:
+                batch = self._encode_many(envelopes_to)
+            except EnvelopeTooLarge:  # one is a claim check: each is sent on its own, in order
+                for envelope in envelopes_to:
+                    await self.send(envelope)
+                continue
             await self._append(recipient, batch)
             self._wake(recipient)
 
@@ -488,7 +501,7 @@ class Mailboxes:
                             and decoded.team == self.store.team
                             and (self._signer is None or self._signer.verify(entry.raw, self.team))
                         ):
-                            return decoded
+                            return claims.redeemed(self.store, decoded)
                     if not entries:
                         await anyio.sleep(_POLL_INTERVAL / 5)
         finally:

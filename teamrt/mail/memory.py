@@ -17,6 +17,7 @@ from teamrt.errors import MemberBusy, UnknownRecipient
 from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Entry, Position, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.store import (
+    DEFAULT_MAX_BLOB,
     DEFAULT_MAX_ENVELOPE,
     Capabilities,
     InboxReader,
@@ -80,10 +81,18 @@ class MemoryStore(Store):
 
     capabilities = Capabilities(opens_locally=True, atomic_broadcast=True)
 
-    def __init__(self, team: str = "team", *, max_envelope: int = DEFAULT_MAX_ENVELOPE) -> None:
+    def __init__(
+        self,
+        team: str = "team",
+        *,
+        max_envelope: int = DEFAULT_MAX_ENVELOPE,
+        max_blob: int = DEFAULT_MAX_BLOB,
+    ) -> None:
         self.team = validate_name(team, what="team name")
         self._team_bytes = self.team.encode()
         self.max_envelope = max_envelope
+        self.max_blob = max_blob
+        self.blobs: dict[str, bytes] = {}  # claim check bodies by digest
         self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
         self.inboxes: dict[str, _MemoryInbox] = {}
         self._ran: set[str] = set()  # members whose lease was ever taken
@@ -123,6 +132,14 @@ class MemoryStore(Store):
         for name in reached:  # nothing between these appends can fail
             await self.append(name, encoded)
         return reached
+
+    # -- blobs (claim checks) --
+
+    async def blob_put(self, digest: str, data: bytes) -> None:
+        self.blobs[digest] = data
+
+    def blob_get_nowait(self, digest: str) -> bytes | None:
+        return self.blobs.get(digest)
 
     def write_raw(self, name: str, data: bytes) -> None:
         """Append raw bytes to an inbox, bypassing encoding (for corruption tests); they are
@@ -202,6 +219,9 @@ class MemoryView(TeamView):
             yield {"at": list(item.at), "end": list(item.end), "reason": item.reason,
                    "raw": item.raw.decode("utf-8", "backslashreplace")}  # fmt: skip
 
+    def blob(self, digest: str) -> bytes | None:
+        return self._store.blobs.get(digest)
+
     def holder(self, name: str) -> str | None:
         record = {r.name: r for r in self._store.held_leases()}.get(name)
         return record.holders[-1] if record is not None and record.holders else None
@@ -216,6 +236,8 @@ class MemoryMailboxes(Mailboxes):
         *,
         members: Iterable[str] = (),
         max_envelope: int = DEFAULT_MAX_ENVELOPE,
+        max_blob: int = DEFAULT_MAX_BLOB,
         key: str | bytes | None = None,
     ) -> None:
-        super().__init__(MemoryStore(team, max_envelope=max_envelope), members=members, key=key)
+        store = MemoryStore(team, max_envelope=max_envelope, max_blob=max_blob)
+        super().__init__(store, members=members, key=key)

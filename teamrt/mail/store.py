@@ -51,6 +51,8 @@ LEASE_STALE_AFTER = 5.0
 
 #: Encoded envelopes larger than this are refused before anything is written.
 DEFAULT_MAX_ENVELOPE = 1 << 20
+#: A payload over `max_envelope` travels as a claim check (teamrt/mail/claims.py) up to this.
+DEFAULT_MAX_BLOB = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,10 @@ class TeamView(ABC):
     @abstractmethod
     def holder(self, name: str) -> str | None:
         """Who runs member `name` now (the lease holder's description), or None."""
+
+    def blob(self, digest: str) -> bytes | None:
+        """The bytes of the claim check blob `digest` (unverified), or None if it is missing."""
+        raise NotImplementedError(f"{type(self).__name__} reads no blobs")
 
     def sizes(self, name: str) -> dict[str, int]:
         """Store-specific sizes of an inbox for `inspect` (segments and bytes for files)."""
@@ -289,6 +295,23 @@ class Store(ABC):
         return self._ledger
 
     _ledger: dict[str, Any] | None = None
+
+    # -- blobs: the bodies of claim checks, beside the inboxes (see teamrt/mail/claims.py) --
+
+    max_blob: int = DEFAULT_MAX_BLOB
+
+    async def blob_put(self, digest: str, data: bytes) -> None:
+        """Keep `data` under `digest` (its SHA-256, in hex) at the store's durability level
+        before returning. Idempotent: a digest names one content, so a second put of it may
+        keep the first copy. Blobs are never deleted while the team exists (replay needs
+        them)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no blobs")
+
+    def blob_get_nowait(self, digest: str) -> bytes | None:
+        """The bytes kept under `digest`, unverified (the caller checks them), or None if
+        there are none. Called from the synchronous receive path: a local read, or on a network
+        store one blocking round trip (blobs are rare, large payloads)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no blobs")
 
     # -- liveness: is anybody running a member? --
 
@@ -448,6 +471,7 @@ def run_local(coroutine: Coroutine[Any, Any, T], what: str) -> T:
 
 
 __all__ = [
+    "DEFAULT_MAX_BLOB",
     "DEFAULT_MAX_ENVELOPE",
     "HEARTBEAT_INTERVAL",
     "LEASE_STALE_AFTER",

@@ -15,8 +15,9 @@ from typing import Any
 import msgspec
 import pydantic_core
 
-from teamrt.codec import shallow
+from teamrt.codec import CLAIM, shallow
 from teamrt.mail import TeamView, open_view
+from teamrt.mail.claims import claim_of
 from teamrt.replay.agents import read_journal, with_decisions
 from teamrt.replay.events import ENVELOPE_KINDS, WINDOW, Event
 from teamrt.replay.summary import Summary
@@ -227,7 +228,23 @@ def read_inbox(
     for entry in view.scan(name):
         if positions is not None:
             positions[name] = entry.end
-        yield _event(name, entry.segment, entry.start, entry.raw)
+        event = _event(name, entry.segment, entry.start, entry.raw)
+        if type(event.body) is dict and CLAIM in event.body:
+            _check_claim(view, event)
+        yield event
+
+
+def _check_claim(view: TeamView, event: Event) -> None:
+    """Flag a claim check (its body, the reference, shows the payload's size and digest), and
+    its blob if that is missing or corrupt (the receiver quarantines such a record)."""
+    claim = claim_of(event.body)
+    if claim is None:
+        return
+    event.flags.append("claim_check")
+    problem = claim.problem(view.blob(claim.sha256))
+    if problem is not None:
+        event.flags.append("blob_missing" if problem.endswith("is missing") else "blob_corrupt")
+        event.reason = problem
 
 
 _by_time = operator.attrgetter("ts")
@@ -248,6 +265,8 @@ def _inbox_stream(
         if positions is not None:
             positions[name] = entry.end
         event = _event(name, entry.segment, entry.start, entry.raw)
+        if type(event.body) is dict and CLAIM in event.body:
+            _check_claim(view, event)
         if event.kind == "corrupt":
             event.ts = last_ts
         else:

@@ -30,7 +30,7 @@ from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool, tool
 from teamrt.envelopes import Envelope, Request, current_trace, new_id, tracing
-from teamrt.errors import StopRequested, StoreError, TeamrtError, UsageError
+from teamrt.errors import BlobTooLarge, StopRequested, StoreError, TeamrtError, UsageError
 from teamrt.models.base import ChatMessage, Model, TextDelta, Usage
 from teamrt.team.config import MemberStatus, Teammate
 from teamrt.team.desk import Desk
@@ -201,7 +201,11 @@ class Runner:
         if report.stop.reason == "shutdown":
             return  # interrupted: it stays unacked, and the next incarnation resumes it
         result = _result(report).model_copy(update={"trace_id": current_trace()})
-        await self.mail.send(Envelope.response(request, result, type=RESULT))
+        try:
+            await self.mail.send(Envelope.response(request, result, type=RESULT))
+        except BlobTooLarge as exc:  # the asker learns why, as data; this teammate goes on
+            await self.mail.send(Envelope.error(request, exc, f"{self.name}'s answer: {exc}"))
+            result = result.model_copy(update={"answer": None, "output": None, "detail": str(exc)})
         self.desk.done(request)
         self.current = None
         self.status.tasks_done += 1

@@ -31,9 +31,10 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from teamrt.codec import EnvelopeFields
+from teamrt.codec import EnvelopeFields, decode_fields
 from teamrt.envelopes import Envelope, Request, register_payload
 from teamrt.errors import (
+    BlobTooLarge,
     EnvelopeTooLarge,
     InvalidEnvelope,
     InvalidName,
@@ -49,6 +50,7 @@ from teamrt.errors import (
     UnknownRecipient,
     UsageError,
 )
+from teamrt.mail.claims import Claim, claim_of
 from teamrt.mail.log import encode, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.store import Store
@@ -284,13 +286,77 @@ class MailboxConformance:
                     await mail.add_member(bad)
             assert "nobody" not in mail.members
 
-    async def test_oversized_envelope_is_refused_whole(self, harness: StoreHarness) -> None:
+    # -- claim checks: payloads over max_envelope travel as blobs (teamrt/mail/claims.py) --
+
+    async def test_blobs_are_kept_by_digest(self, harness: StoreHarness) -> None:
+        async with harness.open() as mail:
+            claim, data = Claim.of("a blob's bytes " * 1000)
+            assert mail.store.blob_get_nowait(claim.sha256) is None
+            await mail.store.blob_put(claim.sha256, data)
+            await mail.store.blob_put(claim.sha256, data)  # idempotent
+            assert mail.store.blob_get_nowait(claim.sha256) == data
+            with mail.store.view() as view:
+                assert view.blob(claim.sha256) == data
+                assert view.blob("0" * 64) is None
+
+    async def test_an_oversized_payload_travels_as_a_claim_check(
+        self, harness: StoreHarness
+    ) -> None:
         async with harness.open() as mail:
             limit = mail.store.max_envelope
+            text = Envelope.message("lead", "worker", "x" * limit)
+            typed = Envelope.message(
+                "lead", "worker", ConformancePayload(topic="y" * limit, pages=3)
+            )
+            await mail.send(text)
+            await mail.send(typed)
+            await mail.send(Envelope.message("lead", "worker", "small"))
+            got = await _drain(mail, "worker")
+            assert [e.id for e in got[:2]] == [text.id, typed.id]
+            assert got[0].body == text.body
+            assert got[2].body == "small"
+            assert got[1].payload() == ConformancePayload(topic="y" * limit, pages=3)
+            with mail.store.view() as view:
+                references = [claim_of(decode_fields(e.raw).body) for e in view.scan("worker")]  # type: ignore[union-attr]
+                assert [r is not None for r in references] == [True, True, False]
+                assert all(view.blob(r.sha256) is not None for r in references if r is not None)
+
+    async def test_over_max_blob_or_with_claim_checks_off_nothing_is_sent(
+        self, harness: StoreHarness
+    ) -> None:
+        async with harness.open() as mail:
+            limit = mail.store.max_envelope
+            mail.store.max_blob = 2 * limit
+            with pytest.raises(BlobTooLarge, match="over max_blob"):
+                await mail.send(Envelope.message("lead", "worker", "x" * (3 * limit)))
+            mail.store.max_blob = 0  # claim checks off: the envelope limit is the limit
             with pytest.raises(EnvelopeTooLarge, match="over the limit"):
                 await mail.send(Envelope.message("lead", "worker", "x" * limit))
             await mail.send(Envelope.message("lead", "worker", "small"))
             assert [e.body for e in await _drain(mail, "worker")] == ["small"]
+
+    async def test_a_claim_check_whose_blob_is_wrong_is_quarantined(
+        self, harness: StoreHarness
+    ) -> None:
+        async with harness.open() as mail:
+            team = mail.team.encode()
+            good, _ = Claim.of("the real payload " * 100_000)
+            await mail.store.blob_put(good.sha256, b"something else")  # a corrupt copy
+            lying = Envelope.message("lead", "worker", good.body())
+            harness.write_raw("worker", stamp(encode(lying), 0, team))
+            invalid, bad_data = Claim.of({"topic": 1})  # intact, but not a ConformancePayload
+            await mail.store.blob_put(invalid.sha256, bad_data)
+            typed = Envelope.message("lead", "worker", invalid.body(), type="conformance_task")
+            harness.write_raw("worker", stamp(encode(typed), 1, team))
+            await mail.send(Envelope.message("lead", "worker", "after"))
+            assert [e.body for e in await _drain(mail, "worker")] == ["after"]
+            inbox = await mail.open_inbox("worker")
+            assert inbox.statistics().quarantined == 2
+            await inbox.flush()
+            with mail.store.view() as view:
+                reasons = [q["reason"] for q in view.quarantined("worker")]
+            assert f"claim check blob {good.sha256} has 14 bytes" in reasons[0]
+            assert "payload (from claim check blob" in reasons[1]
 
     async def test_payload_validated_on_send_and_receive(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:

@@ -5,7 +5,8 @@ and its runs acked ahead are translated into byte offsets of the new log (a posi
 offset just after the last record that ends at or before it), with the recently handled ids kept,
 so that a `FileStore` opened on the copy delivers exactly what the source's owner had not handled.
 Quarantine records are translated the same way. The team may be running meanwhile: each inbox is
-copied up to where its scan ended, and its cursor is read before the scan.
+copied up to where its scan ended, and its cursor is read before the scan. The blobs of the claim
+checks among the copied records are copied too (`blobs/<sha256>`), each verified first.
 
 A copy may also be cut (`InboxCut`, what `teamrt fork` writes): each inbox then keeps only its
 first records, and its cursor says which of them its owner had handled, as given rather than as
@@ -16,6 +17,7 @@ line's `team` field rewritten; a signed team's lines cannot be (the signature co
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import os
 import re
@@ -25,7 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from teamrt.codec import CLAIM, decode_fields
 from teamrt.errors import UsageError
+from teamrt.mail.claims import claim_of
+from teamrt.mail.filestore.blobs import BLOBS, write_blob
 from teamrt.mail.filestore.fileio import replace_file, translate, write_all
 from teamrt.mail.filestore.framing import encode_slot
 from teamrt.mail.filestore.paths import InboxPaths
@@ -36,6 +41,7 @@ from teamrt.mail.store import TeamView, run_local
 
 _BATCH = 1 << 20  # bytes written at a time
 _SIGNED = re.compile(rb',"sig":"[0-9a-f]{64}"\}$')
+_CLAIM = b'"%s":' % CLAIM.encode()  # in a record that may be a claim check
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +88,12 @@ def export_team(
         if store.team != view.team
         else None
     )
+    blobs: set[str] = set()  # the claim checks the copied records name
     try:
         for name in members:
             cut = cuts.get(name) if cuts is not None else None
-            counts[name] = _export_inbox(view, store, name, cut, restamp)
+            counts[name] = _export_inbox(view, store, name, cut, restamp, blobs)
+        _copy_blobs(view, store, blobs)
         _note_origin(dest, view, origin)
     except OSError as exc:
         raise translate(exc, f"export into {dest}") from None
@@ -124,6 +132,7 @@ def _export_inbox(
     name: str,
     cut: InboxCut | None,
     restamp: tuple[bytes, bytes] | None,
+    blobs: set[str],
 ) -> int:
     paths = store.inbox_paths(name)
     cursor = view.committed(name)
@@ -143,6 +152,8 @@ def _export_inbox(
                 raw = _undated(raw, view)
             if cut is not None:
                 seqs.append(_seq(raw))
+            if _CLAIM in raw:
+                blobs.update(_claimed(raw))
             line = raw + b"\n"
             buffer.append(line)
             size += len(line)
@@ -172,6 +183,24 @@ def _export_inbox(
         _write_cursor(store, paths, cursor, offset_of)
     _write_quarantine(view, store, paths, name, offset_of)
     return len(ends)
+
+
+def _claimed(raw: bytes) -> list[str]:
+    """The digest of the claim check `raw` carries, if it is one."""
+    fields = decode_fields(raw)
+    claim = None if isinstance(fields, str) else claim_of(fields.body)
+    return [] if claim is None else [claim.sha256]
+
+
+def _copy_blobs(view: TeamView, store: FileStore, digests: set[str]) -> None:
+    """Copy the blobs the copied records name, each verified; one missing or corrupt in the
+    source stays so in the copy (its record is quarantined there as it would be here)."""
+    if digests:
+        store._mkdir(store.path / BLOBS)
+    for digest in sorted(digests):
+        data = view.blob(digest)
+        if data is not None and hashlib.sha256(data).hexdigest() == digest:
+            write_blob(store.path, digest, data, durable=False, mode=store.file_mode)
 
 
 def _seq(raw: bytes) -> int:

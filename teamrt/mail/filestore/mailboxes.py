@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from teamrt.mail.filestore.store import FileStore
 from teamrt.mail.mailboxes import DEFAULT_RESCAN_INTERVAL, Mailboxes
-from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability
+from teamrt.mail.store import DEFAULT_MAX_BLOB, DEFAULT_MAX_ENVELOPE, Durability
 
 
 class FileMailboxes(Mailboxes):
@@ -23,7 +23,8 @@ class FileMailboxes(Mailboxes):
     - `rescan_interval`: the safety rescan behind file notifications, in seconds.
     - `segment_bytes`: log size at which an inbox rotates into a new segment; recorded in
       team.json when the team is created, and that recorded value wins afterwards.
-    - `max_envelope`: the largest encoded envelope accepted (bytes).
+    - `max_envelope`: the largest encoded envelope accepted (bytes); a larger payload travels
+      as a claim check (a blob in `blobs/`) up to `max_blob` bytes (64 MiB by default).
     - `create=False`: refuse to create a team directory that does not exist.
     - `key`: a team key (or `TEAMRT_TEAM_KEY`): envelopes are signed with it, and unsigned or
       badly signed ones are quarantined (see mailboxes/README.md, "Trust").
@@ -40,6 +41,7 @@ class FileMailboxes(Mailboxes):
         rescan_interval: float = DEFAULT_RESCAN_INTERVAL,
         segment_bytes: int | None = None,
         max_envelope: int = DEFAULT_MAX_ENVELOPE,
+        max_blob: int = DEFAULT_MAX_BLOB,
         create: bool = True,
         key: str | bytes | None = None,
         shared_group: bool | None = None,
@@ -49,6 +51,7 @@ class FileMailboxes(Mailboxes):
             durability=durability,
             segment_bytes=segment_bytes,
             max_envelope=max_envelope,
+            max_blob=max_blob,
             create=create,
             shared_group=shared_group,
         )

@@ -14,7 +14,8 @@ can prove was handled, never past one it cannot:
 
 Everything after the new position is delivered again (duplicates are dropped by id where the
 cursor remembers them). What was in bytes that are gone cannot be delivered; the report says
-which bytes and seqs those were, as far as the files still tell.
+which bytes and seqs those were, as far as the files still tell, and names the claim checks
+whose blob (`blobs/<sha256>`) is missing or fails its digest check.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from teamrt.codec import CLAIM, decode_fields
 from teamrt.errors import StoreError, UnknownRecipient
+from teamrt.mail.claims import claim_of
+from teamrt.mail.filestore.blobs import read_blob
 from teamrt.mail.filestore.fileio import (
     O_READ,
     O_WRITE,
@@ -40,6 +44,8 @@ from teamrt.mail.filestore.reader import CURSOR_SLOT, read_cursor, tail_crc
 from teamrt.mail.filestore.store import FileStore
 from teamrt.mail.log import Cursor
 from teamrt.mail.store import run_local
+
+_CLAIM = b'"%s":' % CLAIM.encode()  # in a record that may be a claim check
 
 
 @dataclass
@@ -117,6 +123,7 @@ def repair_inbox(store: FileStore, name: str) -> InboxRepair:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             _repair_files(store, paths, report)
             _repair_cursor(store, paths, report)
+            _check_blobs(store, paths, report)
         finally:
             os.close(lock_fd)
     except OSError as exc:
@@ -124,6 +131,23 @@ def repair_inbox(store: FileStore, name: str) -> InboxRepair:
     finally:
         run_local(lease.release(), "a file lease")
     return report
+
+
+def _check_blobs(store: FileStore, paths: InboxPaths, report: InboxRepair) -> None:
+    """Report the claim checks whose blob is missing or corrupt (their records are quarantined
+    when received: the payload is not in the team directory any more)."""
+    for entry in paths.entries(max_line=store.max_line):
+        if _CLAIM not in entry.raw:
+            continue
+        fields = decode_fields(entry.raw)
+        claim = None if isinstance(fields, str) else claim_of(fields.body)
+        if claim is None or isinstance(fields, str):
+            continue
+        problem = claim.problem(read_blob(store.path, claim.sha256))
+        if problem is not None:
+            report.lost.append(
+                f"envelope {fields.id} (seq {fields.seq}, from {fields.sender}): {problem}"
+            )
 
 
 def _repair_files(store: FileStore, paths: InboxPaths, report: InboxRepair) -> None:

@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio.lowlevel
+import anyio.to_thread
 from anyio.abc import TaskStatus
 
 from teamrt.errors import MemberBusy, StoreCorrupt, StoreError, UnknownRecipient, UsageError
 from teamrt.mail import inotify
 from teamrt.mail.filestore.appender import Appender
+from teamrt.mail.filestore.blobs import BLOBS, read_blob, write_blob
 from teamrt.mail.filestore.descriptors import BUDGET, InFlight, open_file
 from teamrt.mail.filestore.fileio import (
     DIR_MODE,
@@ -44,6 +46,7 @@ from teamrt.mail.filestore.reader import FileReader
 from teamrt.mail.filestore.watch import dispatch_forever
 from teamrt.mail.log import DEFAULT_MAX_LINE, Cursor
 from teamrt.mail.store import (
+    DEFAULT_MAX_BLOB,
     DEFAULT_MAX_ENVELOPE,
     LEASE_STALE_AFTER,
     Capabilities,
@@ -157,6 +160,7 @@ class FileStore(Store):
         durability: Durability = "none",
         segment_bytes: int | None = None,
         max_envelope: int = DEFAULT_MAX_ENVELOPE,
+        max_blob: int = DEFAULT_MAX_BLOB,
         create: bool = True,
         shared_group: bool | None = None,
     ) -> None:
@@ -172,6 +176,7 @@ class FileStore(Store):
         self.segment_bytes = segment_bytes or DEFAULT_SEGMENT_BYTES
         self.max_envelope = max_envelope
         self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
+        self.max_blob = max_blob  # this process's limit as a sender (receivers take any size)
         self.create = create
         self.shared_group = _shared_from_env() if shared_group is None else shared_group
         self.dir_mode = SHARED_DIR_MODE if self.shared_group else DIR_MODE
@@ -204,7 +209,7 @@ class FileStore(Store):
         """Refuse a team directory another user could have prepared or can write."""
         try:
             check_directory(self.path, shared_group=self.shared_group, follow=True)
-            for directory in (self.inboxes, self.agents):
+            for directory in (self.inboxes, self.agents, self.path / BLOBS):
                 check_directory(directory, shared_group=self.shared_group)
         except OSError as exc:
             raise translate(exc, f"check team directory {self.path}") from None
@@ -639,6 +644,18 @@ class FileStore(Store):
             os.ftruncate(fd, 0)
         os.close(fd)  # closing drops the flock; the file stays
         BUDGET.pin(-1)
+
+    # -- blobs: the bodies of claim checks, blobs/<sha256> (see blobs.py) --
+
+    async def blob_put(self, digest: str, data: bytes) -> None:
+        self._mkdir(self.path / BLOBS)
+        durable = self.durability == "fsync"
+        await anyio.to_thread.run_sync(
+            lambda: write_blob(self.path, digest, data, durable=durable, mode=self.file_mode)
+        )
+
+    def blob_get_nowait(self, digest: str) -> bytes | None:
+        return read_blob(self.path, digest)
 
     # -- the budget ledger: budget.json, read-modified-written under budget.lock --
 

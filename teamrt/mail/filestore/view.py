@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from teamrt.errors import StoreError, UnknownRecipient
+from teamrt.mail.filestore.blobs import read_blob
 from teamrt.mail.filestore.fileio import O_READ
 from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import read_cursor
@@ -51,6 +52,9 @@ class FileView(TeamView):
 
     def members(self) -> tuple[str, ...]:
         return tuple(str(m) for m in self._roster()["members"])
+
+    def blob(self, digest: str) -> bytes | None:
+        return read_blob(self.path, digest)
 
     def created_at(self) -> float | None:
         value = self._roster().get("created_at")

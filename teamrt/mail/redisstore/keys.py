@@ -12,6 +12,7 @@ braces and no two keys collide.
     ran               set     members whose lease was ever taken (liveness: False vs None)
     qupto             hash    member -> seq of the last record quarantined (once per record)
     ledger            hash    v (version), d (the budget ledger as JSON)
+    blobs             hash    sha256 (hex) -> the bytes of a claim check's body (see claims.py)
     inbox:<name>      stream  one entry per record: id 0-<seq+1>, field `d` = the stamped line
     cursor:<name>     hash    c (the cursor as JSON), gen (commit count), fence (of the commit)
     quarantine:<name> list    quarantine records as JSON
@@ -133,6 +134,7 @@ class TeamKeys:
 
     __slots__ = (
         "base",
+        "blobs",
         "fences",
         "ledger",
         "members",
@@ -151,6 +153,7 @@ class TeamKeys:
         self.ran = base + "ran"
         self.qupto = base + "qupto"
         self.ledger = base + "ledger"
+        self.blobs = base + "blobs"
 
     def inbox(self, name: str) -> str:
         return f"{self.base}inbox:{name}"

@@ -33,6 +33,7 @@ from teamrt.mail.redisstore.keys import Locator, TeamKeys, parse_locator
 from teamrt.mail.redisstore.reader import RedisReader
 from teamrt.mail.redisstore.watcher import Watcher
 from teamrt.mail.store import (
+    DEFAULT_MAX_BLOB,
     DEFAULT_MAX_ENVELOPE,
     HEARTBEAT_INTERVAL,
     LEASE_STALE_AFTER,
@@ -100,6 +101,7 @@ class RedisStore(Store):
         team: str | None = None,
         durability: Durability = "none",
         max_envelope: int = DEFAULT_MAX_ENVELOPE,
+        max_blob: int = DEFAULT_MAX_BLOB,
         prefix: str | None = None,
         lease_ttl: float | None = None,
         create: bool = True,
@@ -131,6 +133,8 @@ class RedisStore(Store):
         self.durability: Durability = durability
         self.max_envelope = max_envelope
         self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
+        self.max_blob = max_blob  # this process's limit as a sender (receivers take any size)
+        self._blob_view: TeamView | None = None  # its synchronous client reads blobs
         self.lease_ttl_ms = int(lease_ttl * 1000)
         self.create = create
         self.epoch = ""  # set by open(); kept for the life of this object
@@ -283,11 +287,26 @@ class RedisStore(Store):
 
     async def close(self) -> None:
         """Close this object's connections (its leases are released by their holders)."""
+        if self._blob_view is not None:
+            self._blob_view.close()
+            self._blob_view = None
         await self.client.aclose()
 
+    # -- blobs: the bodies of claim checks, fields of one hash (see keys.py) --
+
+    async def blob_put(self, digest: str, data: bytes) -> None:
+        # content-addressed: a retried or repeated put writes the same bytes
+        await self.client.call("HSET", self.keys.blobs, digest, data, what="store a blob")
+
+    def blob_get_nowait(self, digest: str) -> bytes | None:
+        # the receive path is synchronous: one blocking round trip on the view's client
+        if self._blob_view is None:
+            self._blob_view = self.view()
+        return self._blob_view.blob(digest)
+
     async def destroy(self) -> None:
-        """Delete the team's keys (inboxes, cursors, quarantine, leases, ledger) in one script;
-        `MemberBusy` if a member's lease is held. Other processes' stores of the team then
+        """Delete the team's keys (inboxes, cursors, quarantine, leases, ledger, blobs) in one
+        script; `MemberBusy` if a member's lease is held. Other processes' stores of the team then
         refuse to go on (the team's epoch is gone), as after a server that lost its data."""
         keys = self.keys
         what = f"delete team {self.team!r}"
@@ -304,6 +323,7 @@ class RedisStore(Store):
                     keys.lease(name),
                 )
             ]
+            per_member.append(keys.blobs)  # (after the members' keys the script reads)
             team_keys = [keys.meta, keys.members, keys.next, keys.fences, keys.ran, keys.qupto]
             reply = await self.client.script(
                 scripts.DESTROY, [*team_keys, keys.ledger, *per_member], [",".join(names)], what

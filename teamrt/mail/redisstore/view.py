@@ -97,6 +97,10 @@ class RedisView(TeamView):
         value = self.meta().get("created_at")
         return None if value is None else float(value)
 
+    def blob(self, digest: str) -> bytes | None:
+        data = self._run("HGET", self.keys.blobs, digest, what=f"read blob {digest[:12]}")
+        return None if data is None else bytes(data)
+
     def _check_member(self, name: str) -> int:
         """The seq `name`'s next record gets (its inbox's end)."""
         validate_name(name)
