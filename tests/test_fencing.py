@@ -7,16 +7,23 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
+import redis
 
 from teamrt import Envelope
+from teamrt.agents import current_fence, tool
 from teamrt.mail.log import encode
 from teamrt.mail.mailboxes import Mailboxes
-from teamrt.mail.redisstore import RedisStore
+from teamrt.mail.redisstore import RedisStore, parse_locator
+from teamrt.mail.redisstore.keys import TeamKeys
+from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
+from teamrt.team import Team, Teammate
+from tests.fencing_procs import task_of
 from tests.redis_server import RedisServer, needs_redis, redis_server
 
 __all__ = ["redis_server"]  # the fixture
@@ -48,7 +55,7 @@ async def _eventually(check: Callable[[], bool]) -> None:
 
 
 def _lines(path: Path) -> list[str]:
-    return path.read_text().split() if path.exists() else []
+    return path.read_text().splitlines() if path.exists() else []
 
 
 def _stop(child: subprocess.Popen[bytes]) -> None:
@@ -93,3 +100,94 @@ async def test_a_consumer_paused_past_its_lease_hands_out_nothing_after_it_resum
         _stop(child)
         view.close()
         await creator.close()
+
+
+@needs_redis
+async def test_a_teammate_paused_past_its_lease_runs_no_tool_call_and_starts_no_task(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    url = redis_server.url("paused-teammate")
+    creator = RedisStore(url, lease_ttl=2.0)
+    await creator.open(["lead", "worker"])
+    out = tmp_path / "effects"
+    child = _child("team", url, str(out))
+    view = creator.view()
+    try:
+        assert await _line(child) == b"ready\n"
+        tasks = [Envelope.request("lead", "worker", name, type="task") for name in ("slow", "next")]
+        await creator.append_many("worker", [encode(task) for task in tasks])
+        await _eventually(lambda: "waiting" in _lines(out))  # its model holds the process up
+        child.send_signal(signal.SIGSTOP)
+        await _eventually(lambda: view.holder("worker") is None)  # its lease lapsed
+        async with Mailboxes(RedisStore(url)) as successor:
+            await successor.open_inbox("worker")  # takes the lease over
+            (tmp_path / "effects.go").touch()  # the model answers with a tool call once resumed
+            child.send_signal(signal.SIGCONT)
+            assert await _line(child) == b"lease lost\n"
+        assert _lines(out) == ["model slow", "waiting"]  # no effect, and `next` never started
+    finally:
+        _stop(child)
+        view.close()
+        await creator.close()
+
+
+@needs_redis
+async def test_a_teammate_whose_lease_was_taken_mid_task_starts_no_further_task(
+    redis_server: RedisServer,
+) -> None:
+    url = redis_server.url("taken-mid-task")
+    keys = TeamKeys("teamrt", parse_locator(url).team)
+    client: Any = redis.Redis(port=redis_server.port, protocol=2)
+    shown: list[str] = []
+    async with Mailboxes(RedisStore(url), members=["lead", "worker"]) as successor:
+
+        async def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+            task = task_of(messages)
+            shown.append(task)
+            if task == "first":  # meanwhile the lease lapsed and another process took it
+                client.delete(keys.lease("worker"))
+                await successor.open_inbox("worker")
+            return f"done {task}"
+
+        tasks = [Envelope.request("lead", "worker", t, type="task") for t in ("first", "second")]
+        for task in tasks:  # both waiting at the start: the desk has both at once
+            await successor.send(task)
+        try:
+            async with (
+                Mailboxes(RedisStore(url, lease_ttl=2.0)) as mail,
+                Team(mail, [Teammate("worker", FunctionModel(brain))]) as team,
+            ):
+                status = team.status["worker"]
+                with anyio.fail_after(30):
+                    while status.last != "lease lost":  # noqa: ASYNC110 -- polled
+                        await anyio.sleep(0.02)
+        finally:
+            client.close()
+    assert shown == ["first"]  # the second task was never started
+
+
+@needs_redis
+async def test_a_tool_sees_the_fencing_token_and_it_grows_with_each_incarnation(
+    redis_server: RedisServer,
+) -> None:
+    url = redis_server.url("fence-grows")
+    seen: list[int | None] = []
+
+    @tool
+    def effect() -> str:
+        """Write somewhere, carrying the fencing token."""
+        seen.append(current_fence())
+        return "written"
+
+    def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+        return "done" if messages[-1].role == "tool" else call("effect")
+
+    for _ in range(2):  # two processes' worth of the team, one after the other
+        async with (
+            Mailboxes(RedisStore(url), members=["lead", "worker"]) as mail,
+            Team(mail, [Teammate("worker", FunctionModel(brain), tools=[effect])]) as team,
+        ):
+            await team.ask("worker", "write", timeout=30)
+    assert seen[0] is not None and seen[1] is not None
+    assert seen[1] > seen[0] > 0
+    assert current_fence() is None  # outside a tool

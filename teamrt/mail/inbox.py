@@ -264,17 +264,18 @@ class Inbox:
         return record is None or record.known_held()
 
     async def _confirm(self, deadline: float) -> None:
-        """The read fence's slow path: ask the store whether the lease is still held
-        (`LeaseLost` if not), waiting out a store that cannot be reached, with nothing handed
-        out meanwhile (`ReceiveTimeout` at `deadline`)."""
+        """The read fence's slow path (for when `_fenced` cannot say): ask the store whether
+        the lease is still held, `LeaseLost` if not; a store that cannot be reached is waited
+        out with nothing handed out meanwhile (`ReceiveTimeout` at `deadline`)."""
         pause = 0.05
         while True:
             lease = self._lease
             record = lease.record if lease is not None else self._store.lease_record(self.name)
-            if record is None or record.known_held():
-                return
+            if record is None:
+                return  # none to check: the lease logic takes one first
             try:
                 await self._store.confirm_lease(record)
+                return
             except (StoreUnavailable, OutcomeUnknown) as exc:
                 left = deadline - time.monotonic()
                 if left <= 0:

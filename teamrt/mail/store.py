@@ -361,6 +361,17 @@ class Store(ABC):
         record = self._lease_table().get(name)
         return None if record is None or record.expired else record
 
+    def fence(self, name: str) -> Fence:
+        """The fence of this store object's live lease on `name` (`LeaseLost` if it holds
+        none: it never took it, or lost it)."""
+        record = self.lease_record(name)
+        if record is None:
+            raise LeaseLost(
+                f"this process does not hold {name}'s lease (it never took it, or lost it to "
+                "another holder): it may not act for the member"
+            )
+        return Fence(self, record)
+
     def held_leases(self) -> list[LeaseRecord]:
         return list(self._lease_table().values())
 
@@ -480,6 +491,27 @@ class Lease:
             await store._release(self.record, self._holder)
 
 
+class Fence:
+    """What an agent acting for a member checks before each effect (a task started, a tool
+    call): this store object's lease on the member, with its fencing token."""
+
+    __slots__ = ("_store", "record")
+
+    def __init__(self, store: Store, record: LeaseRecord) -> None:
+        self._store = store
+        self.record = record
+
+    @property
+    def token(self) -> int:
+        """The fencing token: it grows with every acquisition of the member's lease."""
+        return self.record.fence
+
+    async def check(self) -> None:
+        """A fresh check with the store (`Store.confirm_lease`): `LeaseLost` if the lease is
+        lost, and the incarnation must not act."""
+        await self._store.confirm_lease(self.record)
+
+
 def run_local(coroutine: Coroutine[Any, Any, T], what: str) -> T:
     """Run a coroutine of a local store (one that never waits) to its end, synchronously.
 
@@ -506,6 +538,7 @@ __all__ = [
     "Cursor",
     "Durability",
     "Entry",
+    "Fence",
     "InboxReader",
     "Lease",
     "LeaseRecord",
