@@ -9,6 +9,10 @@ team: runs a Team whose teammate `worker` records to OUT every task its model is
 writes `waiting` and blocks the whole process (no renewals, like a long GC pause) until the
 file OUT.go exists, then calls the tool. Prints `ready` once the team runs and `lease lost`
 when the teammate stopped for that reason.
+
+hold (URL is a team directory): takes `worker`'s file lease, prints `holding`, and waits.
+take (URL is a team directory): tries to take `worker`'s file lease; prints `took` or `busy`
+with the error.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from pathlib import Path
 
 import anyio
 
+from teamrt import FileMailboxes
 from teamrt.agents import current_fence, tool
-from teamrt.errors import LeaseLost
+from teamrt.errors import LeaseLost, MemberBusy
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
@@ -95,9 +100,26 @@ async def team(url: str, out: str) -> None:
         print("lease lost", flush=True)
 
 
+async def hold(directory: str, out: str) -> None:
+    async with FileMailboxes(directory) as mail:
+        mail.inbox("worker")
+        print("holding", flush=True)
+        await anyio.sleep_forever()
+
+
+async def take(directory: str, out: str) -> None:
+    async with FileMailboxes(directory) as mail:
+        try:
+            mail.inbox("worker")
+        except MemberBusy as exc:
+            print("busy", exc, flush=True)
+        else:
+            print("took", flush=True)
+
+
 def main() -> None:
     mode, url, out = sys.argv[1:4]
-    modes = {"consumer": consumer, "team": team}
+    modes = {"consumer": consumer, "team": team, "hold": hold, "take": take}
     try:
         anyio.run(modes[mode], url, out)
     except LeaseLost:

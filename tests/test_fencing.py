@@ -3,6 +3,7 @@ starts no task and runs no tool call; tools see the fencing token."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -13,20 +14,25 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import pytest
 import redis
+from anyio import WouldBlock
 
-from teamrt import Envelope
+from teamrt import Envelope, FileMailboxes
 from teamrt.agents import current_fence, tool
+from teamrt.errors import LeaseLost
+from teamrt.mail.inbox import Inbox
 from teamrt.mail.log import encode
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore, parse_locator
 from teamrt.mail.redisstore.keys import TeamKeys
+from teamrt.mail.store import LeaseRecord
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.team import Team, Teammate
 from tests.fencing_procs import task_of
-from tests.redis_server import RedisServer, needs_redis, redis_server
+from tests.redis_server import RedisServer, needs_redis, redis_server, shared_redis
 
-__all__ = ["redis_server"]  # the fixture
+__all__ = ["redis_server", "shared_redis"]  # the fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -191,3 +197,112 @@ async def test_a_tool_sees_the_fencing_token_and_it_grows_with_each_incarnation(
     assert seen[0] is not None and seen[1] is not None
     assert seen[1] > seen[0] > 0
     assert current_fence() is None  # outside a tool
+
+
+async def test_a_file_lease_cannot_be_taken_from_a_paused_process_while_it_lives(
+    tmp_path: Path,
+) -> None:
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=["lead", "worker"]):
+        pass
+    holder = _child("hold", str(team), "-")
+    try:
+        assert await _line(holder) == b"holding\n"
+        holder.send_signal(signal.SIGSTOP)  # an flock has no time limit: paused, it still holds
+        for _ in range(2):
+            taker = _child("take", str(team), "-")
+            try:
+                told = await _line(taker)
+            finally:
+                _stop(taker)
+            assert told.startswith(b"busy") and b"already running" in told
+        holder.kill()  # the flock dies with its process, and only then
+        holder.wait(10)
+        taker = _child("take", str(team), "-")
+        try:
+            assert await _line(taker) == b"took\n"
+        finally:
+            _stop(taker)
+    finally:
+        _stop(holder)
+
+
+async def _consume(
+    url: str, *, plain: bool, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[Any], int]:
+    """Send 60 messages in bursts and receive them all; the bodies received, in order, and the
+    round trips the read fence made (`plain`: the fence's plain path, a check every time)."""
+    with monkeypatch.context() as patch:
+        if plain:
+            patch.setattr(Inbox, "_fenced", lambda self: False)
+        store = RedisStore(url)
+        checks = 0
+        confirm = store.confirm_lease
+
+        async def counted(record: LeaseRecord) -> None:
+            nonlocal checks
+            checks += 1
+            await confirm(record)
+
+        patch.setattr(store, "confirm_lease", counted)
+        got: list[Any] = []
+        async with Mailboxes(store, members=["lead", "worker"]) as mail:
+            inbox = await mail.open_inbox("worker")
+            for burst in range(6):
+                for i in range(10):
+                    await mail.send(Envelope.message("lead", "worker", [burst, i]))
+                for _ in range(10):
+                    envelope = await inbox.receive(timeout=10)
+                    got.append(envelope.body)
+                    await inbox.ack(envelope)
+        return got, checks
+
+
+@needs_redis
+async def test_the_read_fences_fast_path_hands_out_what_its_plain_path_does(
+    shared_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast, fast_checks = await _consume(shared_redis.url("fence-fast"), plain=False,
+                                       monkeypatch=monkeypatch)  # fmt: skip
+    plain, plain_checks = await _consume(shared_redis.url("fence-plain"), plain=True,
+                                         monkeypatch=monkeypatch)  # fmt: skip
+    assert fast == plain == [[b, i] for b in range(6) for i in range(10)]
+    assert plain_checks >= 60  # one round trip per envelope handed out
+    assert fast_checks < plain_checks
+
+
+@needs_redis
+@pytest.mark.parametrize("plain", [False, True])
+async def test_mail_already_buffered_is_not_handed_out_once_the_lease_is_lost(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, plain: bool
+) -> None:
+    url = redis_server.url("buffered")
+    keys = TeamKeys("teamrt", parse_locator(url).team)
+    client: Any = redis.Redis(port=redis_server.port, protocol=2)
+    if plain:
+        monkeypatch.setattr(Inbox, "_fenced", lambda self: False)
+    try:
+        async with Mailboxes(RedisStore(url), members=["lead", "worker"]) as mail:
+            inbox = await mail.open_inbox("worker")
+            for i in range(3):
+                await mail.send(Envelope.message("lead", "worker", i))  # read at once, locally
+            assert inbox._reading.has_new()  # waiting in the reader's buffer
+            record = mail.store.lease_record("worker")
+            assert record is not None
+            # a pause past the time limit: the lease lapsed and was taken, and this process
+            # has not renewed since (its local flag still says held)
+            record.valid_until = -math.inf
+            client.delete(keys.lease("worker"))
+            async with Mailboxes(RedisStore(url)) as successor:
+                await successor.open_inbox("worker")
+                assert not record.expired
+                with pytest.raises(WouldBlock):
+                    inbox.receive_nowait()  # it cannot tell without asking: nothing
+                assert inbox.receive_batch_nowait() == []
+                with pytest.raises(LeaseLost, match="fence 1"):
+                    await inbox.receive(timeout=5)
+                assert record.expired
+                with pytest.raises(LeaseLost):
+                    inbox.receive_nowait()
+    finally:
+        client.close()

@@ -263,19 +263,21 @@ class Inbox:
         record = lease.record if lease is not None else self._store.lease_record(self.name)
         return record is None or record.known_held()
 
-    async def _confirm(self, deadline: float) -> None:
-        """The read fence's slow path (for when `_fenced` cannot say): ask the store whether
-        the lease is still held, `LeaseLost` if not; a store that cannot be reached is waited
-        out with nothing handed out meanwhile (`ReceiveTimeout` at `deadline`)."""
+    async def _confirm(self, deadline: float) -> bool:
+        """The read fence's plain path (for when `_fenced` cannot say): ask the store whether
+        the lease is still held, True if it is, `LeaseLost` if not, False if this inbox has no
+        lease to check any more. A store that cannot be reached is waited out with nothing
+        handed out meanwhile (`ReceiveTimeout` at `deadline`). What the caller hands out
+        right after (with no await between) is handed out under the lease just checked."""
         pause = 0.05
         while True:
             lease = self._lease
             record = lease.record if lease is not None else self._store.lease_record(self.name)
             if record is None:
-                return  # none to check: the lease logic takes one first
+                return False
             try:
                 await self._store.confirm_lease(record)
-                return
+                return True
             except (StoreUnavailable, OutcomeUnknown) as exc:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -333,9 +335,13 @@ class Inbox:
                 and not self._lease_ok()  # raises LeaseLost if the lease expired
             ):
                 await self._check_lease()
-            if not self._unfenced and not self._closed and not self._fenced():
-                await self._confirm(deadline)
-                continue  # (it waited: the lease and the queues are looked at again)
+            if (
+                not self._unfenced
+                and not self._closed
+                and not self._fenced()
+                and not await self._confirm(deadline)
+            ):
+                continue  # no lease to check any more: the lease logic above takes it again
             if ready:
                 item = ready.popleft()
                 return item.to_envelope() if type(item) is EnvelopeFields else item  # type: ignore[return-value]
@@ -395,8 +401,12 @@ class Inbox:
         while True:
             if not self._closed and not self._lease_ok():
                 await self._check_lease()
-            if not self._unfenced and not self._closed and not self._fenced():
-                await self._confirm(deadline)
+            if (
+                not self._unfenced
+                and not self._closed
+                and not self._fenced()
+                and not await self._confirm(deadline)
+            ):
                 continue
             batch = self.drain_nowait(max) if self._unread() else []
             if batch:
