@@ -347,6 +347,9 @@ class Agent:
     iterator. `call_id_prefix`: tools see `current_call_id()` as `<prefix>:<step>.<n>` (the n-th
     call of that step) instead of the model's id, so a run repeated from the start (a sub-agent
     whose delegate call is re-run after a crash) gives each call the same key as the first time.
+    `fence` (an attribute; a Team sets it to the teammate's lease): checked before each tool
+    call (a lost lease raises `LeaseLost` and the call does not run), its token shown to tools
+    as `current_fence()`.
     `output_type`: a typed answer (a pydantic model, or any type a pydantic `TypeAdapter`
     takes, such as a dataclass, a TypedDict or `list[int]`): the report's `output` is the
     validated value (see the module docstring); it may be changed between runs.
