@@ -19,7 +19,8 @@ import redis
 from anyio import WouldBlock
 
 from teamrt import Envelope, FileMailboxes
-from teamrt.agents import current_fence, tool
+from teamrt.agents import Toolbox, current_fence, tool
+from teamrt.agents.tools import _current_fence
 from teamrt.errors import LeaseLost
 from teamrt.mail.inbox import Inbox
 from teamrt.mail.log import encode
@@ -27,7 +28,7 @@ from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore, parse_locator
 from teamrt.mail.redisstore.keys import TeamKeys
 from teamrt.mail.store import LeaseRecord
-from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
+from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolCall, ToolSpec, call
 from teamrt.team import Team, Teammate
 from tests.fencing_procs import task_of
 from tests.redis_server import RedisServer, needs_redis, redis_server, shared_redis
@@ -306,3 +307,20 @@ async def test_mail_already_buffered_is_not_handed_out_once_the_lease_is_lost(
                     inbox.receive_nowait()
     finally:
         client.close()
+
+
+def fence_in_a_process() -> int | None:
+    """A `process=True` tool: what `current_fence()` says in its worker process."""
+    return current_fence()
+
+
+async def test_a_tool_in_a_worker_process_sees_the_fencing_token() -> None:
+    box = Toolbox([tool(process=True)(fence_in_a_process)])
+    tool_call = ToolCall(id="c1", name="fence_in_a_process", arguments="{}")
+    token = _current_fence.set(7)
+    try:
+        result = await box.run(tool_call)
+    finally:
+        _current_fence.reset(token)
+    assert result.ok
+    assert result.content == "7"
