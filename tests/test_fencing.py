@@ -21,7 +21,7 @@ from anyio import WouldBlock
 from teamrt import Envelope, FileMailboxes
 from teamrt.agents import Toolbox, current_fence, tool
 from teamrt.agents.tools import _current_fence
-from teamrt.errors import LeaseLost
+from teamrt.errors import LeaseLost, StoreError
 from teamrt.mail.inbox import Inbox
 from teamrt.mail.log import encode
 from teamrt.mail.mailboxes import Mailboxes
@@ -324,3 +324,38 @@ async def test_a_tool_in_a_worker_process_sees_the_fencing_token() -> None:
         _current_fence.reset(token)
     assert result.ok
     assert result.content == "7"
+
+
+@needs_redis
+async def test_a_fence_check_waits_out_a_store_outage_instead_of_failing(
+    redis_server: RedisServer,
+) -> None:
+    store = RedisStore(redis_server.url("fence-outage"), socket_timeout=0.3, connect_timeout=0.3)
+    failed = anyio.Event()
+    confirm = store.confirm_lease
+
+    async def watched(record: LeaseRecord) -> None:
+        try:
+            await confirm(record)
+        except StoreError:
+            failed.set()
+            raise
+
+    async with Mailboxes(store, members=["lead", "worker"]) as mail:
+        await mail.open_inbox("worker")
+        fence = store.fence("worker")
+        store.confirm_lease = watched  # type: ignore[method-assign]
+        checked = anyio.Event()
+
+        async def check() -> None:
+            await fence.check()
+            checked.set()
+
+        async with anyio.create_task_group() as tg:
+            with redis_server.outage():
+                tg.start_soon(check)
+                with anyio.fail_after(30):
+                    await failed.wait()  # the server did not answer: the check goes on
+                assert not checked.is_set()
+            with anyio.fail_after(30):
+                await checked.wait()  # answered once the server is back: the lease is held

@@ -33,6 +33,7 @@ The seam is shaped for a store that may be slow or unreachable as well as for lo
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from abc import ABC, abstractmethod
@@ -44,8 +45,10 @@ from typing import Any, ClassVar, Literal, TypeVar
 import anyio
 from anyio.abc import TaskStatus
 
-from teamrt.errors import LeaseLost
+from teamrt.errors import LeaseLost, OutcomeUnknown, StoreUnavailable
 from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Entry, Position
+
+log = logging.getLogger("teamrt.mail")
 
 Durability = Literal["none", "fsync"]
 T = TypeVar("T")
@@ -508,8 +511,21 @@ class Fence:
 
     async def check(self) -> None:
         """A fresh check with the store (`Store.confirm_lease`): `LeaseLost` if the lease is
-        lost, and the incarnation must not act."""
-        await self._store.confirm_lease(self.record)
+        lost, and the incarnation must not act. A store that cannot be reached is waited out
+        (nothing acts meanwhile; a lease whose time limit passed in the outage is taken back
+        if nobody took it, or found lost), never reported as a failure of the caller."""
+        pause, warned = 0.05, False
+        while True:
+            try:
+                await self._store.confirm_lease(self.record)
+                return
+            except (StoreUnavailable, OutcomeUnknown) as exc:
+                if not warned:
+                    warned = True
+                    log.warning("teamrt: %s's lease cannot be checked (%s); waiting for the "
+                                "store before acting", self.record.name, exc)  # fmt: skip
+            await anyio.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
 
 def run_local(coroutine: Coroutine[Any, Any, T], what: str) -> T:
