@@ -127,8 +127,9 @@ class OutcomeUnknown(StoreError):
 
 class LeaseLost(StoreError):
     """This process's lease on a member expired and another holder took it over (a store whose
-    leases expire, after this process stopped renewing it): its cursor commits are refused and
-    the incarnation that held it must stop."""
+    leases expire, after this process stopped renewing it): its inbox hands out nothing more,
+    its cursor commits are refused, and the incarnation that held it starts no task or tool
+    call and stops."""
 
 
 class ReceiveTimeout(TeamrtError, TimeoutError):

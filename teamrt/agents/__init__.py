@@ -18,7 +18,7 @@ from teamrt.agents.memory import Compacted, Memory
 from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.output import FINAL_TOOL, OutputType
 from teamrt.agents.state import AgentState, RunReport, Stop
-from teamrt.agents.tools import Tool, Toolbox, ToolResult, current_call_id, tool
+from teamrt.agents.tools import Tool, Toolbox, ToolResult, current_call_id, current_fence, tool
 
 __all__ = [
     "FINAL_TOOL",
@@ -47,6 +47,7 @@ __all__ = [
     "Toolbox",
     "cost_of",
     "current_call_id",
+    "current_fence",
     "decide",
     "delegate_tool",
     "messaging_tools",

@@ -44,7 +44,14 @@ from teamrt.agents.limits import PRICES, Limits, cost_of, price_of
 from teamrt.agents.memory import Memory, context_tokens
 from teamrt.agents.output import FINAL_TOOL, Accepted, OutputType, Rejected
 from teamrt.agents.state import HANDLED_MEMORY, AgentState, OpenStep, RunReport, Stop
-from teamrt.agents.tools import Tool, Toolbox, ToolResult, cancelled_for_real
+from teamrt.agents.tools import (
+    Fence,
+    Tool,
+    Toolbox,
+    ToolResult,
+    _current_fence,
+    cancelled_for_real,
+)
 from teamrt.errors import LimitExceeded, ModelError, StopRequested, UsageError
 from teamrt.models.base import (
     ChatMessage,
@@ -340,6 +347,9 @@ class Agent:
     iterator. `call_id_prefix`: tools see `current_call_id()` as `<prefix>:<step>.<n>` (the n-th
     call of that step) instead of the model's id, so a run repeated from the start (a sub-agent
     whose delegate call is re-run after a crash) gives each call the same key as the first time.
+    `fence` (an attribute; a Team sets it to the teammate's lease): checked before each tool
+    call (a lost lease raises `LeaseLost` and the call does not run), its token shown to tools
+    as `current_fence()`.
     `output_type`: a typed answer (a pydantic model, or any type a pydantic `TypeAdapter`
     takes, such as a dataclass, a TypedDict or `list[int]`): the report's `output` is the
     validated value (see the module docstring); it may be changed between runs.
@@ -382,6 +392,9 @@ class Agent:
         self.keep_context = keep_context
         self.call_id_prefix = call_id_prefix
         self.on_event = on_event  # gets every event; the model then streams if it can
+        # checked with the store before each tool call, its token shown as current_fence()
+        # (a teammate's lease; None for an agent run on its own)
+        self.fence: Fence | None = None
         if max_parallel_tools < 1:
             raise UsageError("max_parallel_tools must be at least 1")
         self._parallel = anyio.CapacityLimiter(max_parallel_tools)
@@ -621,9 +634,13 @@ class Agent:
             "teamrt.task.id": state.task_id,
         }
         with telemetry.span(f"invoke_agent {self.name}", attributes) as span:
+            # (a sub-agent, with no fence of its own, shows its teammate's to its tools)
+            fenced = _current_fence.set(self.fence.token) if self.fence is not None else None
             try:
                 report = await self._drive_traced(state)
             finally:
+                if fenced is not None:
+                    _current_fence.reset(fenced)
                 self._model_deadlines.close()
             telemetry.annotate(
                 span,
@@ -1265,6 +1282,8 @@ class Agent:
                 work.checkpointed = False
             else:
                 await asyncio.sleep(0)  # anyio's checkpoint on asyncio, without its look-ups
+        if self.fence is not None:  # a fresh look: a paused process's own flags are stale
+            await self.fence.check()  # LeaseLost: the call does not run, the incarnation stops
         found = self.toolbox.get(call.name)
         waits = found is not None and found.waits
         keyed = call

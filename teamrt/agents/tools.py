@@ -12,6 +12,10 @@ the model as data (`{"error": "Type: message"}`), never as a crash. Output is ca
 Several calls in one model reply run concurrently unless a tool says `sequential=True`. A tool
 that must not repeat a side effect when a run is resumed after a crash uses `current_call_id()`
 as its idempotency key: a call that was in flight at a crash runs again with the same id.
+A tool that writes to a system of its own can pass `current_fence()` along, the fencing token of
+the lease its teammate runs under: it grows with every incarnation, so that system can refuse a
+write carrying a token lower than one it has seen (a stale incarnation that was paused, lost its
+lease and resumed mid-call).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NoReturn, get_type_hints, overload
+from typing import Any, NoReturn, Protocol, get_type_hints, overload
 
 import anyio
 import anyio.to_process
@@ -65,6 +69,37 @@ def current_call_id() -> str | None:
     """
     call = _current_call.get()
     return call.id if call is not None else None
+
+
+_current_fence: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "teamrt_current_fence", default=None
+)
+
+
+def current_fence() -> int | None:
+    """The fencing token of the lease the running tool's teammate holds (None outside a tool,
+    or for an agent that runs under no lease, such as one run on its own).
+
+    The token grows with every incarnation of the member. Before each tool call the teammate
+    checks with the store that its lease is still held, and a call whose lease is lost does not
+    run; what the check cannot stop is a call already running when the process was paused. A
+    tool that writes somewhere else guards against that by sending the token with each write
+    and having the other side refuse one lower than the highest it has seen.
+    """
+    return _current_fence.get()
+
+
+class Fence(Protocol):
+    """What an agent checks before each tool call: the lease it acts under."""
+
+    @property
+    def token(self) -> int:
+        """The fencing token, shown to tools as `current_fence()`."""
+        ...
+
+    async def check(self) -> None:
+        """Raise (`LeaseLost`) if the lease is lost: the call must not run."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -145,7 +180,12 @@ class Tool:
             elif self.process:
                 target = (self.fn.__module__, self.fn.__qualname__)
                 result = await anyio.to_process.run_sync(
-                    _run_in_process, target, kwargs, _current_call.get(), cancellable=True
+                    _run_in_process,
+                    target,
+                    kwargs,
+                    _current_call.get(),
+                    _current_fence.get(),
+                    cancellable=True,
                 )
             else:
                 result = await anyio.to_thread.run_sync(
@@ -341,16 +381,20 @@ def cancelled_for_real() -> bool:
 
 
 def _run_in_process(
-    target: tuple[str, str], kwargs: dict[str, Any], call: ToolCall | None = None
+    target: tuple[str, str],
+    kwargs: dict[str, Any],
+    call: ToolCall | None = None,
+    fence: int | None = None,
 ) -> Any:
     """In a worker process: find a `process=True` tool's function by name and call it, with
-    the call's id as `current_call_id()`."""
+    the call's id as `current_call_id()` and its fencing token as `current_fence()`."""
     module, qualname = target
     found: Any = importlib.import_module(module)
     for part in qualname.split("."):
         found = getattr(found, part)
     fn = found.fn if isinstance(found, Tool) else found
     token = _current_call.set(call)
+    fence_token = _current_fence.set(fence)
     try:
         return fn(**kwargs)
     except Exception:
@@ -358,6 +402,7 @@ def _run_in_process(
     except BaseException as exc:  # SystemExit and the like: keep the worker process alive
         return _Exited(type(exc).__name__, str(exc))
     finally:
+        _current_fence.reset(fence_token)
         _current_call.reset(token)
 
 

@@ -10,6 +10,13 @@ queues everything else for `receive`; and turns acks into committed cursors (gro
 commit first recording the records it quarantined. A lease the store reports lost (a network
 store whose lease expired) closes the inbox to this process: `LeaseLost`.
 
+Reads are fenced: an envelope is handed out (`receive`, the batches, `drain`) only while the
+lease is known held (`LeaseRecord.known_held`, a clock comparison), with no await between that
+check and the hand-out; otherwise `receive` first asks the store (`Store.confirm_lease`), and
+the synchronous calls hand out nothing. So a holder paused past its lease's time limit, whose
+buffers filled meanwhile, hands out nothing once it resumes: it finds the lease lost. Leases
+that cannot be lost while their process lives (files, memory) skip the check.
+
 Store-agnostic: no file or lock is touched in this module.
 """
 
@@ -27,12 +34,20 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
+import anyio
 import msgspec
 from anyio import WouldBlock
 
 from teamrt.codec import EnvelopeFields, decode_fields
 from teamrt.envelopes import Envelope, Response
-from teamrt.errors import LeaseLost, MailboxClosed, ReceiveTimeout, UsageError
+from teamrt.errors import (
+    LeaseLost,
+    MailboxClosed,
+    OutcomeUnknown,
+    ReceiveTimeout,
+    StoreUnavailable,
+    UsageError,
+)
 from teamrt.mail.claims import CLAIM, redeem
 from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import AckTracker, Corrupt, Cursor, Entry
@@ -174,6 +189,8 @@ class Inbox:
         self._rejected = 0
         self._closed = False
         self._commits = GroupCommit(self._commit)
+        # leases that cannot be lost while this process lives need no fence on reads
+        self._unfenced = store.lease_validity == math.inf
 
     async def _open(self) -> None:
         store, name = self._store, self.name
@@ -239,6 +256,39 @@ class Inbox:
                 "use `await inbox.receive()`, which takes it back"
             )
 
+    def _fenced(self) -> bool:
+        """The read fence's fast path: True if what is handed out now is handed out while the
+        member's lease is known held (or this inbox holds none to check: the lease logic
+        above takes one first)."""
+        lease = self._lease
+        record = lease.record if lease is not None else self._store.lease_record(self.name)
+        return record is None or record.known_held()
+
+    async def _confirm(self, deadline: float) -> bool:
+        """The read fence's plain path (for when `_fenced` cannot say): ask the store whether
+        the lease is still held, True if it is, `LeaseLost` if not, False if this inbox has no
+        lease to check any more. A store that cannot be reached is waited out with nothing
+        handed out meanwhile (`ReceiveTimeout` at `deadline`). What the caller hands out
+        right after (with no await between) is handed out under the lease just checked."""
+        pause = 0.05
+        while True:
+            lease = self._lease
+            record = lease.record if lease is not None else self._store.lease_record(self.name)
+            if record is None:
+                return False
+            try:
+                await self._store.confirm_lease(record)
+                return True
+            except (StoreUnavailable, OutcomeUnknown) as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ReceiveTimeout(
+                        f"{self.name}'s lease could not be checked with the store in time "
+                        f"({exc}); nothing was handed out"
+                    ) from None
+                await anyio.sleep(min(pause, left))
+                pause = min(pause * 2, 1.0)
+
     def _restart(self, cursor: Cursor) -> None:
         self._poked = True
         self._tracker = AckTracker(cursor)
@@ -258,6 +308,8 @@ class Inbox:
                 self._retake_lease()
         elif lease.record.expired:
             self._lease_ok()  # raises LeaseLost
+        if not self._unfenced and not self._fenced():
+            raise WouldBlock  # `receive` asks the store whether the lease is still held
         return self._take()
 
     def _take(self) -> Envelope:
@@ -284,6 +336,13 @@ class Inbox:
                 and not self._lease_ok()  # raises LeaseLost if the lease expired
             ):
                 await self._check_lease()
+            if (
+                not self._unfenced
+                and not self._closed
+                and not self._fenced()
+                and not await self._confirm(deadline)
+            ):
+                continue  # no lease to check any more: the lease logic above takes it again
             if ready:
                 item = ready.popleft()
                 return item.to_envelope() if type(item) is EnvelopeFields else item  # type: ignore[return-value]
@@ -343,6 +402,13 @@ class Inbox:
         while True:
             if not self._closed and not self._lease_ok():
                 await self._check_lease()
+            if (
+                not self._unfenced
+                and not self._closed
+                and not self._fenced()
+                and not await self._confirm(deadline)
+            ):
+                continue
             batch = self.drain_nowait(max) if self._unread() else []
             if batch:
                 return batch
@@ -354,6 +420,8 @@ class Inbox:
             raise UsageError(f"max must be at least 1, not {max}")
         if not self._lease_ok():  # raises LeaseLost if the lease expired
             self._retake_lease()
+        if not self._unfenced and not self._closed and not self._fenced():
+            return []  # `receive` and `drain` ask the store whether the lease is still held
         batch: list[EnvelopeFields | Envelope] = []
         ready, append = self._ready, batch.append
         while ready and len(batch) < max:

@@ -23,13 +23,19 @@ The seam is shaped for a store that may be slow or unreachable as well as for lo
   envelope, which the receiver's dedup by id makes safe;
 - a lease carries a fencing token and a `lost` event: a store whose leases expire sets it when
   another holder took over, commits with a stale token are refused (`LeaseLost`), and a `Team`
-  stops that incarnation;
+  stops that incarnation. Reads are fenced too: an inbox hands out an envelope only while its
+  lease is known held (`LeaseRecord.known_held`: renewed or checked with the store within the
+  store's `lease_validity`), and otherwise asks the store first (`Store.confirm_lease`), so a
+  paused holder that resumes after losing its lease hands out nothing;
 - tools (`inspect`, `replay`, `export`, the CLI) read through `TeamView`, a read-only synchronous
   view of a team; no code above the stores opens an inbox file or names a concrete store.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +45,10 @@ from typing import Any, ClassVar, Literal, TypeVar
 import anyio
 from anyio.abc import TaskStatus
 
+from teamrt.errors import LeaseLost, OutcomeUnknown, StoreUnavailable
 from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Entry, Position
+
+log = logging.getLogger("teamrt.mail")
 
 Durability = Literal["none", "fsync"]
 T = TypeVar("T")
@@ -322,6 +331,21 @@ class Store(ABC):
         (a member nobody runs, such as a human answering with `teamrt send`)."""
         return None
 
+    #: Seconds a lease is known held after the request that took, renewed or checked it was
+    #: sent (a store whose leases expire: a little less than their time limit, so that a holder
+    #: paused past it finds out before it acts). Infinite for leases that cannot be lost while
+    #: their process lives: an flock (files) or a lease of this process (memory).
+    lease_validity: float = math.inf
+
+    async def confirm_lease(self, record: LeaseRecord) -> None:
+        """A fresh check with the store that this store object still holds `record`, for a
+        holder about to act (hand out mail, start a task, call a tool): raises `LeaseLost`
+        (and marks the lease lost) if another holder has it; on success the lease is known held
+        for `lease_validity` more seconds. A store whose leases cannot be lost while their
+        process lives only looks at the local flag."""
+        if record.expired:
+            raise record.lost_error()
+
     async def renew_leases(self) -> None:  # noqa: B027 -- optional for stores without expiry
         """Renew every lease this store object holds (refresh its heartbeat; extend its time
         limit). A lease found taken over is marked lost. The mailboxes call this every
@@ -344,8 +368,10 @@ class Store(ABC):
         if record is None or record.expired:
             if record is not None:  # lost: its holders keep their (lost) handles
                 del records[name]
+            sent = time.monotonic()  # the lease's time limit runs from no earlier than this
             token, fence = await self._lock_member(name, holder)
             record = records[name] = LeaseRecord(name, token, fence)
+            record.held_until(sent + self.lease_validity)
         else:
             await self._describe_holder(record, holder)
         record.holders.append(holder)
@@ -355,6 +381,22 @@ class Store(ABC):
         """True while this store object holds member `name`'s lease (and has not lost it)."""
         record = self._lease_table().get(name)
         return record is not None and not record.expired
+
+    def lease_record(self, name: str) -> LeaseRecord | None:
+        """This store object's live lease on `name` (shared by its holders), or None."""
+        record = self._lease_table().get(name)
+        return None if record is None or record.expired else record
+
+    def fence(self, name: str) -> Fence:
+        """The fence of this store object's live lease on `name` (`LeaseLost` if it holds
+        none: it never took it, or lost it)."""
+        record = self.lease_record(name)
+        if record is None:
+            raise LeaseLost(
+                f"this process does not hold {name}'s lease (it never took it, or lost it to "
+                "another holder): it may not act for the member"
+            )
+        return Fence(self, record)
 
     def held_leases(self) -> list[LeaseRecord]:
         return list(self._lease_table().values())
@@ -397,7 +439,7 @@ class Store(ABC):
 class LeaseRecord:
     """One lease a store object holds, shared by its holders in this process."""
 
-    __slots__ = ("_lost", "expired", "fence", "holders", "name", "token")
+    __slots__ = ("_lost", "expired", "fence", "holders", "name", "token", "valid_until")
 
     def __init__(self, name: str, token: object, fence: int) -> None:
         self.name = name
@@ -405,6 +447,9 @@ class LeaseRecord:
         self.fence = fence  # the fencing token: grows with every acquisition of the member
         self.holders: list[str] = []
         self.expired = False  # the store found another holder: this one may no longer act
+        # time.monotonic() until which the lease is known held: set from when the request that
+        # took, renewed or checked it was sent (the server's time limit started no earlier)
+        self.valid_until = -math.inf
         self._lost: anyio.Event | None = None  # made on first use, inside an event loop
 
     @property
@@ -420,6 +465,25 @@ class LeaseRecord:
         self.expired = True
         if self._lost is not None:
             self._lost.set()
+
+    def held_until(self, until: float) -> None:
+        """The store said the lease is held, in an answer to a request sent `lease_validity`
+        seconds before `until`."""
+        if until > self.valid_until:
+            self.valid_until = until
+
+    def known_held(self) -> bool:
+        """The fence's fast path: True while the lease is known held without asking the store
+        (not lost, and renewed or checked within the store's `lease_validity`). False means
+        ask (`Store.confirm_lease`) before acting; it never means the lease is lost."""
+        return not self.expired and time.monotonic() < self.valid_until
+
+    def lost_error(self) -> LeaseLost:
+        """The error for a holder that acts on this lease after it was lost."""
+        return LeaseLost(
+            f"{self.name}'s lease (fence {self.fence}) expired and another holder took it over; "
+            "this process no longer owns the member and its incarnation must stop"
+        )
 
 
 class Lease:
@@ -453,6 +517,40 @@ class Lease:
             await store._release(self.record, self._holder)
 
 
+class Fence:
+    """What an agent acting for a member checks before each effect (a task started, a tool
+    call): this store object's lease on the member, with its fencing token."""
+
+    __slots__ = ("_store", "record")
+
+    def __init__(self, store: Store, record: LeaseRecord) -> None:
+        self._store = store
+        self.record = record
+
+    @property
+    def token(self) -> int:
+        """The fencing token: it grows with every acquisition of the member's lease."""
+        return self.record.fence
+
+    async def check(self) -> None:
+        """A fresh check with the store (`Store.confirm_lease`): `LeaseLost` if the lease is
+        lost, and the incarnation must not act. A store that cannot be reached is waited out
+        (nothing acts meanwhile; a lease whose time limit passed in the outage is taken back
+        if nobody took it, or found lost), never reported as a failure of the caller."""
+        pause, warned = 0.05, False
+        while True:
+            try:
+                await self._store.confirm_lease(self.record)
+                return
+            except (StoreUnavailable, OutcomeUnknown) as exc:
+                if not warned:
+                    warned = True
+                    log.warning("teamrt: %s's lease cannot be checked (%s); waiting for the "
+                                "store before acting", self.record.name, exc)  # fmt: skip
+            await anyio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+
 def run_local(coroutine: Coroutine[Any, Any, T], what: str) -> T:
     """Run a coroutine of a local store (one that never waits) to its end, synchronously.
 
@@ -480,6 +578,7 @@ __all__ = [
     "Cursor",
     "Durability",
     "Entry",
+    "Fence",
     "InboxReader",
     "Lease",
     "LeaseRecord",

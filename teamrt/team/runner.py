@@ -180,6 +180,8 @@ class Runner:
     async def _work_traced(self, request: Request) -> None:
         if await self.desk.refuse_if_expired(request):
             return
+        # a fresh check with the store (a paused process's flags are stale): LeaseLost if lost
+        await self.mail.store.fence(self.name).check()
         self.current = request
         self.status.state = "working"
         self.status.last = f"task {request.id} from {request.sender}"
@@ -436,6 +438,7 @@ class Runner:
             keep_context=teammate.context == "persistent",
         )
         self.agent.restore(self.state)
+        self.agent.fence = self.mail.store.fence(self.name)  # checked before each tool call
         return self.agent
 
     def _absorb(self, usage: Usage, cost: float | None) -> None:

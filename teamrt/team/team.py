@@ -609,12 +609,14 @@ class Team:
         if status.state not in ("stopped", "crashed"):
             status.state = "stopped"
 
-    async def _while_leased(self, lease: Lease, run: Callable[[], Awaitable[bool]]) -> bool | None:
+    async def _while_leased(
+        self, lease: Lease, run: Callable[[], Awaitable[bool | None]]
+    ) -> bool | None:
         """`run()`, stopped if the store reports the lease lost (a store whose leases expire,
-        after another process took it over); None then."""
+        after another process took it over, or `run()` found it lost); None then."""
         if not self.mail.store.capabilities.leases_expire:
             return await run()
-        outcome: list[bool] = []
+        outcome: list[bool | None] = []
         async with anyio.create_task_group() as tg:
 
             async def watch() -> None:
@@ -659,8 +661,9 @@ class Team:
         incarnation: str,
         ready: Callable[[], None],
         attempts: dict[str, int],
-    ) -> bool:
-        """Run one incarnation; True if the member is done (stopped, or crashed for good)."""
+    ) -> bool | None:
+        """Run one incarnation; True if the member is done (stopped, or crashed for good),
+        None if it lost its lease."""
         status, policy = self.status[teammate.name], teammate.restart
         await self.mail.open_inbox(teammate.name)  # the desk reads it
         runner = Runner(
@@ -668,6 +671,8 @@ class Team:
         )
         try:
             crash = await self._incarnation(runner, ready)
+            if crash is not None and not self.mail.store.lease_held(teammate.name):
+                return None  # it lost its lease (LeaseLost): not a crash; it must not act
             if crash is None:
                 status.state = "stopped"
                 return True

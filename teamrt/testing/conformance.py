@@ -641,6 +641,22 @@ class MailboxConformance:
             with pytest.raises(MemberBusy):
                 await b.open_inbox("critic")  # a owns it
 
+    async def test_a_held_lease_fences_effects_with_its_token(self, harness: StoreHarness) -> None:
+        store = harness.make_store()
+        async with Mailboxes(store, members=["lead", "worker"]) as mail:
+            inbox = await mail.open_inbox("worker")
+            fence = store.fence("worker")
+            await fence.check()  # held: an effect may go ahead
+            assert inbox._lease is not None
+            assert fence.token == inbox._lease.fence
+            record = store.lease_record("worker")
+            assert record is not None
+            assert record.known_held()
+            await inbox._lease.release()
+            inbox._lease = None
+            with pytest.raises(LeaseLost):
+                store.fence("worker")  # not held: nothing may act for the member
+
     # -- stores whose leases expire --
 
     async def test_an_expired_lease_is_lost_and_its_commits_refused(
@@ -667,6 +683,27 @@ class MailboxConformance:
                 again = await successor.receive(timeout=5)  # not acked: b gets it
                 assert again.id == got.id
                 await successor.ack(again)
+
+    async def test_an_inbox_that_lost_its_lease_hands_out_nothing_more(
+        self, harness: StoreHarness
+    ) -> None:
+        store = harness.make_store()
+        if not store.capabilities.leases_expire or harness.expire_lease is None:
+            pytest.skip(f"{type(store).__name__}'s leases do not expire")
+        async with Mailboxes(store, members=["lead", "worker"]) as a:
+            inbox = await a.open_inbox("worker")
+            for i in range(3):
+                await a.send(Envelope.message("lead", "worker", i))
+            record = store.lease_record("worker")
+            assert record is not None
+            harness.expire_lease("worker")
+            record.valid_until = -math.inf  # as after a pause past the time limit
+            async with Mailboxes(harness.make_store()) as b:
+                successor = await b.open_inbox("worker")  # b takes it over
+                with pytest.raises(LeaseLost):
+                    await inbox.receive(timeout=5)  # a stale holder: nothing handed out
+                got = [await successor.receive(timeout=5) for _ in range(3)]
+                assert [e.body for e in got] == [0, 1, 2]
 
     # -- network stores: outages --
 

@@ -11,17 +11,31 @@ commit script (`LeaseLost`). A member whose lease was ever taken is in the `ran`
 
 The time limit is the team's (`lease_ttl`, fixed when the team is created, like the envelope
 limit), so every process agrees on when a silent holder counts as gone.
+
+Fencing reads and effects. The `lost` event is only as fresh as the last renewal: a process
+SIGSTOPped past its time limit wakes with the event unset and mail in its buffers. So a holder
+also knows until when its lease is certainly held: an answer that took, renewed or checked it
+came to a request sent at time t, and the server started the time limit no earlier than t, so
+the lease is held until t + ttl; `validity` keeps a tenth of the limit back for clocks that run
+at slightly different rates. The inbox hands out mail, and a teammate starts a task or a tool
+call, only before that moment (`LeaseRecord.known_held`); after it, one round trip
+(`confirm_lease`, the renewal script for one lease) either moves it on or finds the lease lost.
+Mail read from the stream at any time is therefore handed out only while the lease is held: the
+watcher's read stays a plain XREAD, with no script on the read path. What the lease cannot fence
+is an effect already under way when the process stopped; tools get the fencing token
+(`current_fence()`) to refuse a stale writer themselves.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import time
 from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
 
-from teamrt.errors import MemberBusy, StoreCorrupt, StoreError
+from teamrt.errors import MemberBusy, StoreCorrupt, StoreError, TeamrtError
 from teamrt.mail.redisstore import scripts
 from teamrt.mail.store import LEASE_STALE_AFTER, LeaseRecord
 from teamrt.names import validate_name
@@ -103,14 +117,19 @@ async def unlock_member(store: RedisStore, record: LeaseRecord) -> None:
         )
 
 
-async def renew_leases(store: RedisStore) -> None:
-    records = [record for record in store.held_leases() if not record.expired]
-    if not records:
-        return
+def validity(store: RedisStore) -> float:
+    """Seconds a lease is known held after the request that took, renewed or checked it."""
+    return store.lease_ttl_ms / 1000 * 0.9
+
+
+async def _renew(store: RedisStore, records: list[LeaseRecord]) -> list[int]:
+    """Run the renewal script for `records`: per lease 1 (extended), 2 (taken again), 0
+    (lost: marked so); the ones kept are known held for `validity` from now."""
     keys = store.keys
     args: list[object] = [store.epoch, store.lease_ttl_ms]
     for record in records:
         args += [record.name, record.fence, store.holder_text(record)]
+    sent = time.monotonic()
     try:
         reply = await store.client.script(
             scripts.RENEW,
@@ -126,20 +145,44 @@ async def renew_leases(store: RedisStore) -> None:
                 store._lease_lost(record, "the team's data was lost on the server")
         else:
             log.warning("teamrt: leases not renewed: %s", error)
+        raise error from None
+    results = [int(result) for result in reply]
+    until = sent + validity(store)
+    for record, result in zip(records, results, strict=True):
+        if result == 0:
+            store._lease_lost(record)
+        else:
+            record.held_until(until)
+    return results
+
+
+async def renew_leases(store: RedisStore) -> None:
+    records = [record for record in store.held_leases() if not record.expired]
+    if not records:
         return
-    except StoreError as exc:
+    try:
+        results = await _renew(store, records)
+    except StoreCorrupt:
+        return
+    except TeamrtError as exc:  # (a refusal was logged as a warning already)
         log.debug("leases not renewed (tried again at the next heartbeat): %s", exc)
         return
-    for record, result in zip(records, reply, strict=True):
-        if int(result) == 0:
-            store._lease_lost(record)
-        elif int(result) == 2:
+    for record, result in zip(records, results, strict=True):
+        if result == 2:
             log.info(
                 "teamrt: %s's lease had expired (no renewal for %.1f s) and nobody took it; "
                 "taken again",
                 record.name,
                 store.lease_ttl_ms / 1000,
             )
+
+
+async def confirm_lease(store: RedisStore, record: LeaseRecord) -> None:
+    """One round trip: the lease is still this holder's (renewed), or `LeaseLost`."""
+    if not record.expired:
+        await _renew(store, [record])
+    if record.expired:
+        raise record.lost_error()
 
 
 async def member_alive(store: RedisStore, name: str) -> bool | None:

@@ -504,10 +504,9 @@ class RedisStore(Store):
 
     # -- leases and liveness (leases.py) --
 
-    def lease_record(self, name: str) -> LeaseRecord | None:
-        """This object's live lease on `name`, or None."""
-        record = self._lease_table().get(name)
-        return None if record is None or record.expired else record
+    @property
+    def lease_validity(self) -> float:  # type: ignore[override]
+        return leases.validity(self)
 
     def holder_text(self, record: LeaseRecord) -> str:
         return leases.holder_text(record.holders[-1] if record.holders else "")
@@ -531,6 +530,9 @@ class RedisStore(Store):
 
     async def renew_leases(self) -> None:
         await leases.renew_leases(self)
+
+    async def confirm_lease(self, record: LeaseRecord) -> None:
+        await leases.confirm_lease(self, record)
 
     async def member_alive(self, name: str) -> bool | None:
         return await leases.member_alive(self, name)
