@@ -38,7 +38,7 @@ def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))  # NOAUTH: --requirepass
     except OSError:
         return False
 
@@ -47,11 +47,17 @@ class RedisServer:
     """One redis-server process in `directory` (which holds its append-only file)."""
 
     def __init__(
-        self, directory: Path, *, appendfsync: str = "always", extra: tuple[str, ...] = ()
+        self,
+        directory: Path,
+        *,
+        appendfsync: str = "always",
+        extra: tuple[str, ...] = (),
+        password: str | None = None,
     ) -> None:
         self.directory = directory
         self.appendfsync = appendfsync
         self.extra = extra  # more command-line options
+        self.password = password  # --requirepass: url() carries it
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.paused = False
@@ -62,7 +68,8 @@ class RedisServer:
 
     def url(self, team: str | None = None) -> str:
         team = team or f"t{uuid.uuid4().hex[:12]}"
-        return f"redis://127.0.0.1:{self.port}/0?team={team}"
+        credentials = f":{self.password}@" if self.password else ""
+        return f"redis://{credentials}127.0.0.1:{self.port}/0?team={team}"
 
     def start(self) -> None:
         assert REDIS_SERVER is not None
@@ -80,6 +87,8 @@ class RedisServer:
             "unixsocket": str(self.socket),
             "unixsocketperm": "700",
         }
+        if self.password:
+            options["requirepass"] = self.password
         self.process = subprocess.Popen(
             [
                 REDIS_SERVER,
@@ -162,6 +171,23 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     if REDIS_SERVER is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+#: The password of `password_redis` (long and odd, so that a grep for it cannot match by chance).
+PASSWORD = "pw-Zq81xT0pLm4"
+
+
+@pytest.fixture
+def password_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A server started with `--requirepass PASSWORD`; its `url()` carries the password."""
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    server = RedisServer(tmp_path / "redis", password=PASSWORD)
     server.start()
     try:
         yield server

@@ -45,7 +45,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from teamrt.errors import OutcomeUnknown, StoreError, StoreUnavailable, UsageError
+from teamrt.errors import (
+    OutcomeUnknown,
+    StoreAuthFailed,
+    StoreError,
+    StoreUnavailable,
+    UsageError,
+)
 from teamrt.mail.redisstore.keys import Locator
 from teamrt.mail.redisstore.scripts import Script
 
@@ -154,6 +160,39 @@ def pack(commands: Sequence[Sequence[Any]]) -> bytes:
     return b"".join(out)
 
 
+#: How a server says that it wants a password first (redis-py raises some as
+#: `AuthenticationError`, some as `ResponseError`; a pipeline sent before AUTH is refused whole).
+_PASSWORD_WANTED = ("NOAUTH", "Authentication required", "Protocol error: unauthenticated")
+
+
+def auth_error(locator: Locator, exc: BaseException, what: str) -> StoreAuthFailed | None:
+    """`exc` as teamrt's error if it is the server refusing (or wanting) credentials; None if it
+    is anything else. Nothing ran: the server refuses every command of an unauthenticated
+    connection."""
+    text = str(exc).strip()
+    if text.startswith(_PASSWORD_WANTED):
+        return StoreAuthFailed(
+            f"Redis at {locator.address} requires a password, and {locator.shown} gives none, "
+            f"so it could not {what}; nothing was done. Put it in the locator: "
+            "redis://:PASSWORD@HOST:PORT/DB (or redis://USER:PASSWORD@HOST:PORT/DB for an ACL user)"
+        )
+    if isinstance(exc, AuthenticationError) or text.startswith("WRONGPASS") or "AUTH" in text:
+        user = locator.user or "default"
+        return StoreAuthFailed(
+            f"Redis at {locator.address}: authentication failed for user {user!r} "
+            f"({_reason(exc)}), so it could not {what}; nothing was done. Check the user name "
+            "and password in the locator (redis://USER:PASSWORD@HOST:PORT/DB)"
+        )
+    return None
+
+
+def _wants_credentials(reply: object) -> bool:
+    """True for the reply of a server that refuses unauthenticated commands."""
+    return isinstance(reply, AuthenticationError) or (
+        isinstance(reply, ResponseError) and str(reply).startswith(_PASSWORD_WANTED)
+    )
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
@@ -231,6 +270,9 @@ class RedisClient:
         """Open `conn` if it is not open; any failure here is `StoreUnavailable`."""
         try:
             await conn.connect()
+        except (AuthenticationError, ResponseError) as exc:  # AUTH (or SELECT) refused
+            await self.discard(conn)
+            raise auth_error(self.locator, exc, what) or self.refused(exc, what) from None
         except _REFUSED as exc:
             await self.discard(conn)
             raise self.refused(exc, what) from None
@@ -294,8 +336,10 @@ class RedisClient:
             for _ in commands:
                 try:
                     replies.append(await conn.read_response())
-                except (ResponseError, BusyLoadingError) as exc:  # an error reply: read on
-                    replies.append(exc)
+                except (ResponseError, BusyLoadingError, AuthenticationError) as exc:
+                    replies.append(exc)  # an error reply: read on
+                    if _wants_credentials(exc):
+                        break  # every command is refused, and the server may hang up
         except _TRANSPORT_ERRORS as exc:
             await self.discard(conn)
             if change:
@@ -304,6 +348,9 @@ class RedisClient:
         except BaseException:
             await self.discard(conn)  # cancelled half way: the replies would be out of step
             raise
+        if replies and _wants_credentials(replies[-1]):
+            await self.discard(conn)
+            raise auth_error(self.locator, replies[-1], what) or self.refused(replies[-1], what)
         await self._give(conn)
         for reply in replies:
             if isinstance(reply, BusyLoadingError):  # a refusal: nothing was run

@@ -15,12 +15,16 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.retry import Retry
 
 from teamrt.errors import StoreCorrupt, StoreError, StoreUnavailable, UnknownRecipient
 from teamrt.mail.log import DEFAULT_MAX_LINE, Cursor, Entry, Position
-from teamrt.mail.redisstore.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT
+from teamrt.mail.redisstore.client import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_SOCKET_TIMEOUT,
+    auth_error,
+)
 from teamrt.mail.redisstore.keys import TeamKeys, parse_locator, stream_id
 from teamrt.mail.redisstore.reader import make_entry
 from teamrt.mail.store import TeamView
@@ -63,7 +67,10 @@ class RedisView(TeamView):
     def _run(self, *args: Any, what: str) -> Any:
         try:
             return self._redis.execute_command(*args)
-        except ResponseError as exc:
+        except (ResponseError, AuthenticationError) as exc:  # an error reply, or AUTH's
+            refusal = auth_error(self.locator_parts, exc, what)
+            if refusal is not None:
+                raise refusal from None
             raise StoreError(
                 f"Redis at {self.locator_parts.address} refused to {what}: {exc}"
             ) from None
