@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 from teamrt.envelopes import Envelope
+from teamrt.errors import UsageError
 from teamrt.mail.locator import open_mailboxes, redacted
 from teamrt.mail.redisstore import RedisStore, parse_locator
 from tests.redis_server import PASSWORD, RedisServer, password_redis
@@ -151,6 +152,6 @@ def test_stores_and_their_errors_hide_the_password() -> None:
     store = RedisStore(url)
     assert "s3cr3t" not in repr(store)
     assert "s3cr3t" not in parse_locator(url).shown
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(UsageError) as caught:
         parse_locator(url.replace("team=a", "lease_ttl=no"))
     assert "s3cr3t" not in str(caught.value)

@@ -236,8 +236,8 @@ def _from_run(args: argparse.Namespace) -> int:
         output.write_text(lines, encoding="utf-8")
     where = f" to {output}" if output is not None else ""
     print(
-        f"{len(found.cases)} cases from {redacted(args.from_run)}{where}; their checks are derived from "
-        "the recorded answers: edit them to say what a right answer must have",
+        f"{len(found.cases)} cases from {redacted(args.from_run)}{where}; their checks are "
+        "derived from the recorded answers: edit them to say what a right answer must have",
         file=sys.stderr,
     )
     for why in found.skipped:
