@@ -12,6 +12,10 @@ READONLY, BUSY, OOM) is "not sent" too.
 Idle connections are kept in a small free list; a connection the server closed while it was idle
 is noticed before it is used (its stream is at EOF), so a server restart costs a reconnect, not
 an ambiguous outcome.
+
+On Redis Cluster the connections go to the master serving the team's slot (cluster.py): the
+first connection asks for the slot map, MOVED replies and unreachable masters re-route it. A
+server that refuses or wants credentials is `StoreAuthFailed`, never "unreachable".
 """
 
 from __future__ import annotations
