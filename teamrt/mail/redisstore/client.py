@@ -315,7 +315,7 @@ class RedisClient:
         CLUSTERDOWN, UNBLOCKED): the command was not run, and may be sent again. After a
         MOVED, new connections go to the node it names."""
         target = cluster.moved_to(reply)
-        if target is not None:
+        if target is not None and self._tcp:  # (a cluster is never behind a Unix socket)
             self._cluster = True
             self._route(target)
             return True
