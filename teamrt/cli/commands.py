@@ -17,7 +17,7 @@ import anyio
 from teamrt.cli.send import team_at, team_dir
 from teamrt.errors import TeamrtError, UsageError
 from teamrt.mail import open_mailboxes, open_view
-from teamrt.mail.locator import is_url, with_team
+from teamrt.mail.locator import is_url, redacted, with_team
 from teamrt.names import validate_name
 from teamrt.specs import load_object
 
@@ -298,7 +298,7 @@ async def run_agent(args: argparse.Namespace) -> int:
         roster = await mail.members_now()
         if args.name not in roster and not args.join:
             raise UsageError(
-                f"{args.name!r} is not a member of {args.dir} "
+                f"{args.name!r} is not a member of {redacted(args.dir)} "
                 f"(members: {', '.join(roster) or 'none'}); check the spelling, or pass --join "
                 "to add it"
             )
@@ -313,7 +313,7 @@ async def run_agent(args: argparse.Namespace) -> int:
         async with team:
             print(
                 f"{args.name}: running as incarnation {team.status[args.name].incarnation} "
-                f"(pid {os.getpid()}) in {args.dir}",
+                f"(pid {os.getpid()}) in {redacted(args.dir)}",
                 flush=True,
             )
             async with anyio.create_task_group() as waiting:  # until it stops, or a signal

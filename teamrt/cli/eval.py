@@ -225,6 +225,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _from_run(args: argparse.Namespace) -> int:
     from teamrt.cli.send import team_at
     from teamrt.evals import cases_from_run
+    from teamrt.mail.locator import redacted
 
     output = _writable("-o", args.output)
     found = cases_from_run(team_at(args.from_run), member=args.member)
@@ -235,12 +236,14 @@ def _from_run(args: argparse.Namespace) -> int:
         output.write_text(lines, encoding="utf-8")
     where = f" to {output}" if output is not None else ""
     print(
-        f"{len(found.cases)} cases from {args.from_run}{where}; their checks are derived from "
-        "the recorded answers: edit them to say what a right answer must have",
+        f"{len(found.cases)} cases from {redacted(args.from_run)}{where}; their checks are "
+        "derived from the recorded answers: edit them to say what a right answer must have",
         file=sys.stderr,
     )
     for why in found.skipped:
         print(f"  no case for task {why}", file=sys.stderr)
     if not found.cases:
-        raise UsageError(f"{args.from_run} has no task answered with a result to make a case of")
+        raise UsageError(
+            f"{redacted(args.from_run)} has no task answered with a result to make a case of"
+        )
     return 0

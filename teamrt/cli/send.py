@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from teamrt.envelopes import Envelope, Request, Response
 from teamrt.errors import InvalidEnvelope, UsageError
 from teamrt.mail import open_mailboxes
-from teamrt.mail.locator import from_env, is_url
+from teamrt.mail.locator import from_env, is_url, redacted
 from teamrt.names import validate_name
 
 
@@ -124,7 +124,7 @@ async def send(args: argparse.Namespace) -> int:
         if args.sender not in members:
             if not args.as_human:
                 raise UsageError(
-                    f"--from {args.sender!r} is not a member of {args.dir} (members: "
+                    f"--from {args.sender!r} is not a member of {redacted(args.dir)} (members: "
                     f"{', '.join(members) or 'none'}); check the spelling, or pass --as-human "
                     "to send as a person outside the roster"
                 )

@@ -52,16 +52,26 @@ def with_team(url: str, team: str) -> str:
     return urlunsplit(parts._replace(query=urlencode([*query, ("team", team)])))
 
 
-def describe(locator: Locator) -> str:
-    """`locator` for messages, without a password a URL may carry."""
-    if not is_url(locator):
-        return str(locator)
+def redacted(locator: Locator) -> str:
+    """`locator` as teamrt shows it (messages, logs, `repr`): a store URL's password, in its
+    user part (`redis://user:PASSWORD@host`) or its query (`?password=`), replaced by `***`.
+    Every place that prints a locator goes through this one function."""
     text = str(locator)
+    if not is_url(locator):
+        return text
     scheme, _, rest = text.partition("://")
+    rest, hash_mark, fragment = rest.partition("#")
+    rest, question, query = rest.partition("?")
     credentials, at, host = rest.rpartition("@")
     if at and ":" in credentials:
-        return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
-    return text
+        rest = f"{credentials.split(':', 1)[0]}:***@{host}"
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if any(key == "password" for key, _ in pairs):
+        query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs], safe="*")
+    return f"{scheme}://{rest}{question}{query}{hash_mark}{fragment}"
+
+
+describe = redacted  # the name the demos know it by
 
 
 def open_store(
@@ -80,7 +90,7 @@ def open_store(
             redisstore = importlib.import_module("teamrt.mail.redisstore")
         except ImportError as exc:
             raise UsageError(
-                f"{describe(locator)} is a Redis team, and the Redis client is not installed "
+                f"{redacted(locator)} is a Redis team, and the Redis client is not installed "
                 f"({exc}): install teamrt with the redis extra, pip install 'teamrt[redis]'"
             ) from None
         store: Store = redisstore.RedisStore(  # it reads ?team= and ?lease_ttl= itself

@@ -9,11 +9,13 @@ record), a lease, the budget ledger. Each process runs one blocking XREAD over e
 reads, on a connection of its own, and pushes what arrives into its readers' buffers; it is
 restarted through a per-process control stream when that set changes. Failures are reported as
 "not sent" (`StoreUnavailable`) or "maybe sent" (`OutcomeUnknown`), never blurred by retries.
-All of a team's keys share one Redis Cluster hash slot.
+All of a team's keys share one Redis Cluster hash slot, so on a cluster one master serves the
+team, found through any node's URL and followed through a failover.
 
     keys.py      the locator (`redis://host:port/db?team=NAME`) and the key layout
     scripts.py   the Lua scripts
     client.py    connections, commands and the translation of redis-py's errors
+    cluster.py   which Redis Cluster node serves a team (the slot map, MOVED replies)
     store.py     RedisStore: the team, appends, the ledger
     reader.py    the owner's reader and the tail reader; cursor commits, quarantine
     watcher.py   the one blocking XREAD per process

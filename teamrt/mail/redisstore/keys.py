@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from teamrt.errors import UsageError
+from teamrt.mail.locator import redacted
 from teamrt.names import validate_name
 
 DEFAULT_PREFIX = "teamrt"
@@ -54,6 +55,7 @@ class Locator:
     db: int
     shown: str
     lease_ttl: float | None = None
+    user: str | None = None  # the ACL user name, if the URL gives one
 
     @property
     def address(self) -> str:
@@ -87,12 +89,12 @@ def parse_locator(url: str, *, team: str | None = None, prefix: str | None = Non
         except ValueError:
             lease_ttl = -1.0
         if not lease_ttl > 0:
-            raise UsageError(f"lease_ttl={url_ttl!r} in {_hide_password(url)!r}: give seconds")
+            raise UsageError(f"lease_ttl={url_ttl!r} in {redacted(url)!r}: give seconds")
     if team is not None and url_team is not None and team != url_team:
         raise UsageError(f"the locator names team {url_team!r} but team={team!r} was given")
     name = team if team is not None else url_team
     if name is None:
-        raise UsageError(f"no team in {_hide_password(url)!r}: add ?team=NAME")
+        raise UsageError(f"no team in {redacted(url)!r}: add ?team=NAME")
     validate_name(name, what="team name")
     chosen_prefix = prefix if prefix is not None else (url_prefix or DEFAULT_PREFIX)
     if not chosen_prefix or any(c in chosen_prefix for c in "{}: \n"):
@@ -100,33 +102,28 @@ def parse_locator(url: str, *, team: str | None = None, prefix: str | None = Non
     if parts.scheme == "unix":
         db_text = dict(rest).get("db", "0")
         if not parts.path or not db_text.isdigit():
-            raise UsageError(f"invalid Unix socket locator {_hide_password(url)!r}")
+            raise UsageError(f"invalid Unix socket locator {redacted(url)!r}")
         redis_url = f"unix://{parts.netloc}{parts.path}?{urlencode(rest)}"  # keeps the //
         shown = f"unix://{parts.path}?{urlencode([('db', db_text), ('team', name)])}"
         return Locator(
-            redis_url, name, chosen_prefix, parts.path, 0, int(db_text), shown, lease_ttl
-        )
+            redis_url, name, chosen_prefix, parts.path, 0, int(db_text), shown, lease_ttl,
+            parts.username or None,
+        )  # fmt: skip
     try:
         port = parts.port or 6379
     except ValueError:
-        raise UsageError(f"invalid port in {_hide_password(url)!r}") from None
+        raise UsageError(f"invalid port in {redacted(url)!r}") from None
     path = parts.path.strip("/")
     if path and not path.isdigit():
-        raise UsageError(f"invalid database number {path!r} in {_hide_password(url)!r}")
+        raise UsageError(f"invalid database number {path!r} in {redacted(url)!r}")
     db = int(path) if path else 0
     redis_url = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), ""))
     host = parts.hostname or "localhost"
     shown_netloc = f"{host}:{port}"
     shown = urlunsplit((parts.scheme, shown_netloc, f"/{db}", urlencode([("team", name)]), ""))
-    return Locator(redis_url, name, chosen_prefix, host, port, db, shown, lease_ttl)
-
-
-def _hide_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return Locator(
+        redis_url, name, chosen_prefix, host, port, db, shown, lease_ttl, parts.username or None
+    )
 
 
 class TeamKeys:

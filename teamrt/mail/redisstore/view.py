@@ -15,18 +15,24 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.retry import Retry
 
 from teamrt.errors import StoreCorrupt, StoreError, StoreUnavailable, UnknownRecipient
 from teamrt.mail.log import DEFAULT_MAX_LINE, Cursor, Entry, Position
-from teamrt.mail.redisstore.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT
+from teamrt.mail.redisstore import cluster
+from teamrt.mail.redisstore.client import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_SOCKET_TIMEOUT,
+    auth_error,
+)
 from teamrt.mail.redisstore.keys import TeamKeys, parse_locator, stream_id
 from teamrt.mail.redisstore.reader import make_entry
 from teamrt.mail.store import TeamView
 from teamrt.names import validate_name
 
 SCAN_PAGE = 1000
+_MAX_REDIRECTS = 5  # MOVED replies followed for one command
 QUARANTINE_PAGE = 256
 
 
@@ -61,17 +67,47 @@ class RedisView(TeamView):
         self._meta: dict[str, str] | None = None
 
     def _run(self, *args: Any, what: str) -> Any:
-        try:
-            return self._redis.execute_command(*args)
-        except ResponseError as exc:
-            raise StoreError(
-                f"Redis at {self.locator_parts.address} refused to {what}: {exc}"
-            ) from None
-        except RedisError as exc:
-            raise StoreUnavailable(
-                f"Redis at {self.locator_parts.address} could not be reached to {what} ({exc}); "
-                f"check that redis-server runs and that {self.locator} is the right server"
-            ) from None
+        for _ in range(_MAX_REDIRECTS):
+            try:
+                return self._redis.execute_command(*args)
+            except (ResponseError, AuthenticationError) as exc:  # an error reply, or AUTH's
+                refusal = auth_error(self.locator_parts, exc, what)
+                if refusal is not None:
+                    raise refusal from None
+                target = cluster.moved_to(exc)
+                if target is None:
+                    raise self._refused(exc, what) from None
+                self._follow(target)  # Redis Cluster: another node serves the team
+            except RedisError as exc:
+                raise StoreUnavailable(
+                    f"Redis at {self._node()} could not be reached to {what} ({exc}); check "
+                    f"that redis-server runs and that {self.locator} is the right server"
+                ) from None
+        raise StoreUnavailable(
+            f"Redis at {self._node()}: the cluster kept moving the slot of team {self.team!r} "
+            f"while trying to {what}; try again"
+        )
+
+    def _refused(self, exc: ResponseError | AuthenticationError, what: str) -> StoreError:
+        if cluster.transient(exc):
+            return StoreUnavailable(
+                f"Redis at {self._node()} could not {what}: the cluster is moving the team's "
+                f"slot or electing its master ({exc}); try again"
+            )
+        return StoreError(f"Redis at {self._node()} refused to {what}: {exc}")
+
+    def _node(self) -> str:
+        options = self._redis.connection_pool.connection_kwargs
+        if "port" not in options:
+            return self.locator_parts.address  # a Unix socket
+        return f"{options['host']}:{options['port']}"
+
+    def _follow(self, target: cluster.Address) -> None:
+        """Connect to `target` from now on (same credentials and options)."""
+        pool = self._redis.connection_pool
+        pool.connection_kwargs["host"], pool.connection_kwargs["port"] = target
+        pool.disconnect()  # the connections made so far keep the old address
+        pool.reset()
 
     # -- the team --
 

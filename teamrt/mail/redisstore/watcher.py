@@ -208,6 +208,11 @@ class Watcher:
                 continue
             except ResponseError as exc:  # e.g. WRONGTYPE: a key of the team is not a stream
                 await client.discard(conn)
+                if client.rerouted(exc):  # Redis Cluster: the team's slot moved, or is moving
+                    self._in_flight = False
+                    await anyio.sleep(pause)
+                    pause = min(pause * 2, _MAX_PAUSE)
+                    continue
                 return StoreCorrupt(
                     f"team {store.team!r} at {store.shown}: the watcher's read was refused "
                     f"({exc}); a key of the team was changed by another program"
