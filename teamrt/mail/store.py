@@ -290,6 +290,32 @@ class Store(ABC):
 
     _ledger: dict[str, Any] | None = None
 
+    # -- task records: idempotent asks (`Team.ask(..., key=)`), one record per request id --
+
+    async def task_record_create(self, id_: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Write `record` for the request `id_` unless one is there (atomically, for every
+        process of the team); return the record there now (`record` itself if it was written),
+        with the `outcome` it was settled with, if any. Records are never changed otherwise."""
+        current = self._task_records.setdefault(id_, dict(record))
+        return dict(current)
+
+    async def task_record_settle(self, id_: str, outcome: dict[str, Any]) -> dict[str, Any] | None:
+        """Settle the record of request `id_` with `outcome` (JSON data) unless it has one:
+        the first outcome wins. Return the record now, or None if `id_` has none (a request
+        that was not an idempotent ask)."""
+        current = self._task_records.get(id_)
+        if current is None:
+            return None
+        current.setdefault("outcome", outcome)
+        return dict(current)
+
+    @property
+    def _task_records(self) -> dict[str, dict[str, Any]]:
+        records: dict[str, dict[str, Any]] | None = self.__dict__.get("_task_records_held")
+        if records is None:
+            records = self.__dict__["_task_records_held"] = {}
+        return records
+
     # -- liveness: is anybody running a member? --
 
     async def member_alive(self, name: str) -> bool | None:

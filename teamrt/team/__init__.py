@@ -16,6 +16,7 @@ from teamrt.team.config import (
     TeamBudget,
     Teammate,
 )
+from teamrt.team.lead import NOTICES_KEPT
 from teamrt.team.protocol import (
     BUSY,
     CRASHED,
@@ -41,7 +42,7 @@ from teamrt.team.protocol import (
     ShutdownBody,
     TaskResult,
 )
-from teamrt.team.team import NOTICES_KEPT, Team
+from teamrt.team.team import Team
 
 __all__ = [
     "BUSY",

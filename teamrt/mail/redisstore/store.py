@@ -428,6 +428,50 @@ class RedisStore(Store):
             connect_timeout=self.client.connect_timeout,
         )
 
+    # -- task records: task:<id> and task:<id>:outcome, each set once (SET NX) --
+
+    async def task_record_create(self, id_: str, record: dict[str, Any]) -> dict[str, Any]:
+        self._check_open()
+        key = self.keys.task(id_)
+        replies = await self.client.pipeline(
+            [
+                ("SET", key, json.dumps(record, sort_keys=True), "NX"),
+                ("GET", key),
+                ("GET", key + ":outcome"),
+            ],
+            f"write the task record of request {id_}",
+        )
+        return self._task_record(id_, replies[1], replies[2])
+
+    async def task_record_settle(self, id_: str, outcome: dict[str, Any]) -> dict[str, Any] | None:
+        self._check_open()
+        key = self.keys.task(id_)
+        current = await self.client.call("GET", key, what=f"read the task record of {id_}")
+        if current is None:
+            return None
+        replies = await self.client.pipeline(
+            [
+                ("SET", key + ":outcome", json.dumps(outcome, sort_keys=True), "NX"),
+                ("GET", key + ":outcome"),
+            ],
+            f"settle the task record of request {id_}",
+        )
+        return self._task_record(id_, current, replies[1])
+
+    def _task_record(self, id_: str, raw: Any, outcome: Any) -> dict[str, Any]:
+        try:
+            record = json.loads(raw)
+            if outcome is not None:
+                record["outcome"] = json.loads(outcome)
+        except (TypeError, ValueError):
+            record = None
+        if not isinstance(record, dict):
+            raise StoreCorrupt(
+                f"the task record of request {id_} in team {self.team!r} at {self.shown} is "
+                f"not a JSON object; delete the key {self.keys.task(id_)}"
+            )
+        return record
+
     # -- the budget ledger --
 
     async def _ledger_fetch(self) -> tuple[str, dict[str, Any] | None]:
