@@ -52,43 +52,47 @@ async def test_a_thousand_messages_from_a_teammates_tool_all_reach_the_lead(
 ) -> None:
     """Sent while the program reads nothing: the lead's server stops at its buffer (what it
     holds unacked stays bounded), then every message reaches the program, in order."""
-    async with FileMailboxes(tmp_path / "t", members=["lead", "w", "boss"]) as mail:
-        async with Team(mail, [flooder(mail)]) as team:
-            # the task comes from another member, so no ask of the lead reads ahead for it
-            task = Envelope.request("boss", "w", "flood the lead", type="task")
-            await mail.send(task)
-            answer = await mail.inbox("boss").receive(timeout=30)
-            assert answer.in_reply_to == task.id and answer.body["answer"] == "told"
-            while mail.statistics()["lead"].unacked < MAIL_BUFFERED:  # noqa: ASYNC110 -- a peek
-                await anyio.sleep(0.005)
-            await anyio.sleep(0.05)  # the server would go on here if it did not wait
-            assert mail.statistics()["lead"].unacked <= MAIL_BUFFERED + 1
-            bodies = []
-            async with aclosing(team.lead_mail()) as lead_mail:  # closed: the last one acked
-                async for envelope in lead_mail:
-                    bodies.append(envelope.body)
-                    if len(bodies) == MESSAGES:
-                        break
-            assert bodies == [f"n{i}" for i in range(MESSAGES)]
-            await mail.inbox("lead").flush()
-            assert mail.statistics()["lead"].unacked == 0
+    async with (
+        FileMailboxes(tmp_path / "t", members=["lead", "w", "boss"]) as mail,
+        Team(mail, [flooder(mail)]) as team,
+    ):
+        # the task comes from another member, so no ask of the lead reads ahead for it
+        task = Envelope.request("boss", "w", "flood the lead", type="task")
+        await mail.send(task)
+        answer = await mail.inbox("boss").receive(timeout=30)
+        assert answer.in_reply_to == task.id and answer.body["answer"] == "told"
+        while mail.statistics()["lead"].unacked < MAIL_BUFFERED:  # noqa: ASYNC110 -- a peek
+            await anyio.sleep(0.005)
+        await anyio.sleep(0.05)  # the server would go on here if it did not wait
+        assert mail.statistics()["lead"].unacked <= MAIL_BUFFERED + 1
+        bodies = []
+        async with aclosing(team.lead_mail()) as lead_mail:  # closed: the last one acked
+            async for envelope in lead_mail:
+                bodies.append(envelope.body)
+                if len(bodies) == MESSAGES:
+                    break
+        assert bodies == [f"n{i}" for i in range(MESSAGES)]
+        await mail.inbox("lead").flush()
+        assert mail.statistics()["lead"].unacked == 0
 
 
 async def test_a_thousand_messages_from_another_process_all_reach_the_lead(tmp_path: Path) -> None:
-    async with FileMailboxes(tmp_path / "t", members=["lead", "other"]) as mail:
-        async with Team(mail, []) as team:
-            sender = await anyio.run_process(
-                [sys.executable, PROCS, "flood", str(tmp_path / "t"), str(MESSAGES)], check=False
-            )
-            assert sender.returncode == 0, sender.stderr.decode()
-            bodies = []
-            with anyio.fail_after(30):
-                async for envelope in team.lead_mail():
-                    assert envelope.sender == "other"
-                    bodies.append(envelope.body)
-                    if len(bodies) == MESSAGES:
-                        break
-            assert bodies == [f"n{i}" for i in range(MESSAGES)]
+    async with (
+        FileMailboxes(tmp_path / "t", members=["lead", "other"]) as mail,
+        Team(mail, []) as team,
+    ):
+        sender = await anyio.run_process(
+            [sys.executable, PROCS, "flood", str(tmp_path / "t"), str(MESSAGES)], check=False
+        )
+        assert sender.returncode == 0, sender.stderr.decode()
+        bodies = []
+        with anyio.fail_after(30):
+            async for envelope in team.lead_mail():
+                assert envelope.sender == "other"
+                bodies.append(envelope.body)
+                if len(bodies) == MESSAGES:
+                    break
+        assert bodies == [f"n{i}" for i in range(MESSAGES)]
 
 
 async def test_mail_the_program_did_not_take_comes_to_the_next_lead(tmp_path: Path) -> None:
@@ -138,11 +142,13 @@ async def test_a_request_is_answered_by_the_handler_of_its_type() -> None:
     async def ping(request: Request) -> dict[str, str]:
         return {"pong": str(request.body)}
 
-    async with MemoryMailboxes(members=["lead", "other"]) as mail:
-        async with Team(mail, [], on_request=default) as team:
-            team.handle("ping", ping)
-            request = Envelope.request("other", "lead", "hi", type="ping", timeout=600)
-            response = await mail.request(request)
+    async with (
+        MemoryMailboxes(members=["lead", "other"]) as mail,
+        Team(mail, [], on_request=default) as team,
+    ):
+        team.handle("ping", ping)
+        request = Envelope.request("other", "lead", "hi", type="ping", timeout=600)
+        response = await mail.request(request)
     assert response.body == {"pong": "hi"}
 
 
@@ -163,20 +169,22 @@ async def test_a_handler_that_raises_answers_with_an_error() -> None:
     async def broken(request: Request) -> str:
         raise ValueError("no deploys on Fridays")
 
-    async with MemoryMailboxes(members=["lead", "other"]) as mail:
-        async with Team(mail, [], on_request=broken):
-            with pytest.raises(RemoteError, match="no deploys on Fridays") as caught:
-                await mail.request(Envelope.request("other", "lead", "hi", timeout=600))
-            assert caught.value.error_type == "ValueError"
-            # the lead's server goes on
-            with pytest.raises(RemoteError, match="no deploys on Fridays"):
-                await mail.request(Envelope.request("other", "lead", "again", timeout=600))
+    async with (
+        MemoryMailboxes(members=["lead", "other"]) as mail,
+        Team(mail, [], on_request=broken),
+    ):
+        with pytest.raises(RemoteError, match="no deploys on Fridays") as caught:
+            await mail.request(Envelope.request("other", "lead", "hi", timeout=600))
+        assert caught.value.error_type == "ValueError"
+        # the lead's server goes on
+        with pytest.raises(RemoteError, match="no deploys on Fridays"):
+            await mail.request(Envelope.request("other", "lead", "again", timeout=600))
 
 
 # --- a lead in its own process, killed -------------------------------------------------------
 
 
-def spawn_lead(team: Path, out: Path, key: str | None = None) -> subprocess.Popen[bytes]:
+def spawn_lead(team: str | Path, out: Path, key: str | None = None) -> subprocess.Popen[bytes]:
     """A lead process that asks the remote w (see lead_procs.py), once it is asking."""
     asking = Path(f"{out}.asking")
     asking.unlink(missing_ok=True)
@@ -212,20 +220,23 @@ def slow_w(started: anyio.Event, release: anyio.Event, calls: list[str]) -> Team
 async def test_a_lead_restarted_after_kill_9_gets_its_predecessors_outcomes_at_start(
     tmp_path: Path,
 ) -> None:
-    started, release, calls = anyio.Event(), anyio.Event(), []
+    started, release = anyio.Event(), anyio.Event()
+    calls: list[str] = []
     team_dir, out = tmp_path / "t", tmp_path / "answer"
-    async with FileMailboxes(team_dir, members=["lead", "w"]) as mail:
-        async with Team(mail, [slow_w(started, release, calls)], lead_here=False):
-            lead = spawn_lead(team_dir, out)
+    async with (
+        FileMailboxes(team_dir, members=["lead", "w"]) as mail,
+        Team(mail, [slow_w(started, release, calls)], lead_here=False),
+    ):
+        lead = spawn_lead(team_dir, out)
+        with anyio.fail_after(30):
+            await started.wait()
+        kill(lead)  # while its ask waits for the answer
+        release.set()
+        async with Team(mail, [], remote=["w"]) as successor:  # serves its inbox at once
             with anyio.fail_after(30):
-                await started.wait()
-            kill(lead)  # while its ask waits for the answer
-            release.set()
-            async with Team(mail, [], remote=["w"]) as successor:  # serves its inbox at once
-                with anyio.fail_after(30):
-                    async for envelope in successor.lead_mail():
-                        if envelope.kind == "response":
-                            break
+                async for envelope in successor.lead_mail():
+                    if envelope.kind == "response":
+                        break
     assert (envelope.sender, envelope.body["answer"]) == ("w", "forty-two")
     assert not out.exists()
     assert len(calls) == 1

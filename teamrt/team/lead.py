@@ -15,17 +15,18 @@ seen.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from pydantic import BaseModel, ValidationError
 
 from teamrt.agents.tools import cancelled_for_real
-from teamrt.envelopes import Envelope, Request, Response
-from teamrt.errors import MailboxClosed, UsageError
+from teamrt.envelopes import ERROR_TYPE, Envelope, ErrorBody, Request, Response
+from teamrt.errors import MailboxClosed, RemoteError, UsageError
 from teamrt.mail.inbox import Inbox
 from teamrt.team.protocol import (
     CRASHED,
@@ -66,6 +67,8 @@ class LeadServer:
         self.on_request = on_request
         self._send, self._receive = anyio.create_memory_object_stream[Envelope](MAIL_BUFFERED)
         self._inbox: Inbox | None = None
+        self._settled: dict[str, anyio.Event] = {}  # keyed asks here, woken by a late answer
+        self._busy = 0  # envelopes received and not yet handled (for `caught_up`)
 
     def close(self) -> None:
         """The team stopped: the program's mail loop ends. What it did not take is handed back
@@ -92,10 +95,14 @@ class LeadServer:
                     envelope = await inbox.receive()  # answers to `ask` are routed before this
                 except MailboxClosed:
                     return
-                if isinstance(envelope, Request):
-                    handlers.start_soon(self._answer, inbox, envelope)
-                elif not await self._notice(envelope):
-                    await self._hand_over(inbox, envelope)
+                self._busy += 1
+                try:
+                    if isinstance(envelope, Request):
+                        handlers.start_soon(self._answer, inbox, envelope)
+                    elif not await self._notice(envelope):
+                        await self._hand_over(inbox, envelope)
+                finally:
+                    self._busy -= 1
 
     async def _hand_over(self, inbox: Inbox, envelope: Envelope) -> None:
         """Mail to the program, waiting while its buffer is full (back-pressure). Cancelled
@@ -120,16 +127,20 @@ class LeadServer:
         return True
 
     async def _outcome(self, envelope: Envelope) -> None:
-        """An answer no request here waits for: recorded if it answers a keyed ask."""
-        if isinstance(envelope, Response):
-            await self.team._answered_elsewhere(envelope)
+        """An answer no request here waits for: it settles the record of a keyed ask."""
+        if isinstance(envelope, Response) and envelope.in_reply_to is not None:
+            await self.team.mail.store.task_record_settle(
+                envelope.in_reply_to, envelope.model_dump(mode="json")
+            )
+            if (settled := self._settled.get(envelope.in_reply_to)) is not None:
+                settled.set()
 
     def _ack(self, envelope: Envelope) -> None:
         if self._inbox is not None:
             with contextlib.suppress(MailboxClosed):
                 self._inbox.ack_nowait(envelope)
 
-    async def mail(self) -> AsyncIterator[Envelope]:
+    async def mail(self) -> AsyncGenerator[Envelope]:
         """The program's mail, in order; each envelope is acked once the next is asked for
         (or the loop is left), so a lead that dies mid-way gets it again next time."""
         taken: Envelope | None = None
@@ -157,6 +168,14 @@ class LeadServer:
                 return out
             self._ack(envelope)
             out.append(envelope)
+
+    async def caught_up(self) -> None:
+        """Wait (briefly) until the server has handled what the lead's inbox holds."""
+        inbox = self._inbox or await self.team.mail.open_inbox(self.team.lead)
+        for _ in range(1000):
+            if self._busy == 0 and inbox.statistics().ready == 0:
+                return
+            await anyio.sleep(0.001)
 
     @property
     def buffered(self) -> int:
@@ -226,3 +245,92 @@ class LeadServer:
                 raise
             log.warning("the approver failed on %s's plan: %r", request.sender, exc)
             return False, f"the approver failed: {type(exc).__name__}: {exc}"
+
+
+# -- idempotent asks ------------------------------------------------------------------------------
+
+
+def keyed_id(team: str, lead: str, key: str) -> str:
+    """The id of the task request of an ask with idempotency `key`: the same in every process
+    (30 hex digits, like any envelope id), so the teammate's dedup and the lead's routing of the
+    answer match a retry to the first ask."""
+    return hashlib.blake2b(f"{team}\0{lead}\0{key}".encode(), digest_size=15).hexdigest()
+
+
+async def ask_once(
+    server: LeadServer, role: str, request: Request, key: str, timeout: float | None
+) -> Response:
+    """`request` (its id from `key`) sent at most once per key, its first outcome returned.
+
+    The store's task record is written before the send: a retry that finds it settled returns
+    the outcome (an error response raises as `RemoteError`, as it did the first time); one that
+    finds it unsettled (the first caller died, or timed out) lets the lead's server catch up
+    with the inbox (where an earlier answer may wait), then sends the same request again,
+    which the teammate's dedup by id recognises if it holds or handled it.
+    """
+    store = server.team.mail.store
+    asked = {"key": key, "member": role, "text": request.body}
+    mine = {**asked, "request": request.model_dump(mode="json")}
+    record = await store.task_record_create(request.id, mine)
+    if {k: record.get(k) for k in asked} != asked:
+        raise UsageError(
+            f"the idempotency key {key!r} was used for another ask (to {record.get('member')!r}: "
+            f"{str(record.get('text'))[:80]!r}); a retry must repeat its ask exactly, and a new "
+            "ask needs a new key"
+        )
+    settled = server._settled.setdefault(request.id, anyio.Event())
+    try:
+        if "outcome" not in record and record.get("request") != mine["request"]:
+            await server.caught_up()
+            record = await store.task_record_create(request.id, mine)
+        if "outcome" in record:
+            return _outcome(record["outcome"])
+        return await _sent(server, request, timeout, settled)
+    finally:
+        server._settled.pop(request.id, None)
+
+
+async def _sent(
+    server: LeadServer, request: Request, timeout: float | None, settled: anyio.Event
+) -> Response:
+    """Send `request` and wait for its answer, or for the lead's server to settle its record
+    with an answer that came before this wait (a predecessor's)."""
+    store = server.team.mail.store
+    got: list[Envelope] = []
+    failed: list[Exception] = []
+    async with anyio.create_task_group() as tg:
+
+        async def request_it() -> None:
+            try:
+                got.append(await server.team._request(request, timeout))
+            except RemoteError as exc:  # an outcome too: a retry gets the same error
+                got.append(exc.response)
+            except Exception as exc:  # no outcome (a timeout, a teammate gone): raised as is
+                failed.append(exc)
+            tg.cancel_scope.cancel()
+
+        async def settled_elsewhere() -> None:
+            await settled.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(request_it)
+        tg.start_soon(settled_elsewhere)
+    if failed:
+        raise failed[0]
+    outcome = got[0].model_dump(mode="json") if got else {}
+    record = await store.task_record_settle(request.id, outcome) if got else None
+    if record is None:
+        record = await store.task_record_create(request.id, {})
+    return _outcome(record["outcome"])
+
+
+def _outcome(data: dict[str, Any]) -> Response:
+    """A settled record's answer, raised as `RemoteError` if it was an error response."""
+    response = Response.model_validate(data)
+    if response.type == ERROR_TYPE:
+        try:
+            body = ErrorBody.model_validate(response.body)
+        except ValidationError:
+            body = ErrorBody(error="error", message=repr(response.body)[:500])
+        raise RemoteError(body.error, body.message, response)
+    return response

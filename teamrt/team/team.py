@@ -23,7 +23,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -48,7 +48,7 @@ from teamrt.errors import (
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.store import Lease
 from teamrt.team.config import MemberStatus, TeamBudget, Teammate
-from teamrt.team.lead import Handler, LeadServer
+from teamrt.team.lead import Handler, LeadServer, ask_once, keyed_id
 from teamrt.team.protocol import (
     SHUTDOWN,
     SHUTDOWN_ACK,
@@ -216,7 +216,13 @@ class Team:
 
     @overload
     async def ask(
-        self, member: str, text: str, *, timeout: float | None = None, trace_id: str | None = None
+        self,
+        member: str,
+        text: str,
+        *,
+        timeout: float | None = None,
+        trace_id: str | None = None,
+        key: str | None = None,
     ) -> TaskResult: ...
 
     @overload
@@ -228,6 +234,7 @@ class Team:
         output_type: type[T],
         timeout: float | None = None,
         trace_id: str | None = None,
+        key: str | None = None,
     ) -> T: ...
 
     @overload
@@ -239,6 +246,7 @@ class Team:
         output_type: Any,
         timeout: float | None = None,
         trace_id: str | None = None,
+        key: str | None = None,
     ) -> Any: ...
 
     async def ask(
@@ -249,6 +257,7 @@ class Team:
         output_type: Any = None,
         timeout: float | None = None,
         trace_id: str | None = None,
+        key: str | None = None,
     ) -> Any:
         """Give `member` a task (from the lead) and wait for its result: the `TaskResult`, or
         with `output_type`, the typed answer.
@@ -266,10 +275,20 @@ class Team:
         not match `output_type`) or `OutputError` (it stopped for another reason, or the
         teammate answered with text); both carry the `TaskResult`. A member of this team that
         declares no `output_type` is refused with `UsageError` before anything is sent.
+
+        `key` makes the ask idempotent: a second ask with the same key, from any process of
+        the team (a restarted lead included), never runs the task again and returns the first
+        outcome (see `teamrt.team.lead.ask_once`); the same key with another member or text
+        is refused with `UsageError`.
         """
         typed = self._output_type(member, output_type) if output_type is not None else None
         request = self._task(member, text, TASK, timeout, trace_id)
-        result = TaskResult.model_validate((await self._request(request, timeout)).body)
+        if key is not None:
+            request = request.model_copy(update={"id": keyed_id(self.mail.team, self.lead, key)})
+            response = await ask_once(self._lead, member, request, key, timeout)
+        else:
+            response = await self._request(request, timeout)
+        result = TaskResult.model_validate(response.body)
         return result if typed is None else typed_answer(request.recipient, result, typed)
 
     def _output_type(self, member: str, output_type: Any) -> OutputType:
@@ -429,7 +448,7 @@ class Team:
         """The latest idle and crash notices the lead got (`NOTICES_KEPT`; they are acked)."""
         return self._lead.notices
 
-    def lead_mail(self) -> AsyncIterator[Envelope]:
+    def lead_mail(self) -> AsyncGenerator[Envelope]:
         """The lead's mail as it comes: messages, broadcasts, and answers no `ask` here waits
         for (late ones, and a predecessor's outcomes after a restart). Each envelope is acked
         once the program asks for the next one; what it never takes stays in the inbox for
@@ -448,9 +467,6 @@ class Team:
         """Answer teammates' requests of `type` to the lead with `handler(request)`: its
         return value is the answer; an exception it raises goes back as an error response."""
         self._lead.handlers[type] = handler
-
-    async def _answered_elsewhere(self, response: Response) -> None:
-        """An answer that reached the lead with no `ask` here waiting for it."""
 
     def _serve_lead(self) -> None:
         """Start serving the lead's inbox (once, at start). A team whose lead runs elsewhere
