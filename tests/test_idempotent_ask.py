@@ -44,6 +44,21 @@ async def test_a_second_ask_with_the_same_key_returns_the_first_outcome() -> Non
     assert len(calls) == 2  # order-1 once, order-2 once
 
 
+async def test_two_asks_with_one_key_at_once_run_the_task_once() -> None:
+    calls: list[str] = []
+    results = []
+    async with MemoryMailboxes() as mail, Team(mail, [counting(calls)]) as team:
+
+        async def ask() -> None:
+            results.append(await team.ask("w", "charge the card", timeout=30, key="order-1"))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(ask)
+    assert len(calls) == 1
+    assert len(results) == 3 and results[0] == results[1] == results[2]
+
+
 async def test_a_key_reused_for_another_ask_is_refused() -> None:
     async with MemoryMailboxes() as mail, Team(mail, [counting([])]) as team:
         await team.ask("w", "charge the card", timeout=30, key="order-1")

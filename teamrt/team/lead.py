@@ -278,16 +278,22 @@ async def ask_once(
             f"{str(record.get('text'))[:80]!r}); a retry must repeat its ask exactly, and a new "
             "ask needs a new key"
         )
-    settled = server._settled.setdefault(request.id, anyio.Event())
+    while (other := server._settled.get(request.id)) is not None:  # the same key, asked here
+        await other.wait()  # one request per id waits in an inbox: this ask waits for that one
+        record = await store.task_record_create(request.id, mine)
+    if "outcome" in record:
+        return _outcome(record["outcome"])
+    settled = server._settled[request.id] = anyio.Event()
     try:
-        if "outcome" not in record and record.get("request") != mine["request"]:
+        if record.get("request") != mine["request"]:
             await server.caught_up()
             record = await store.task_record_create(request.id, mine)
         if "outcome" in record:
             return _outcome(record["outcome"])
         return await _sent(server, request, timeout, settled)
     finally:
-        server._settled.pop(request.id, None)
+        del server._settled[request.id]
+        settled.set()  # an ask of the same key here waiting on this one reads the record now
 
 
 async def _sent(
