@@ -663,6 +663,21 @@ class MailboxConformance:
                 "outcome": {"body": 1},
             }
 
+    async def test_a_destroyed_team_keeps_no_task_record(self, harness: StoreHarness) -> None:
+        store = harness.make_store()
+        async with Mailboxes(store, members=["lead"]) as mail:
+            await mail.store.task_record_create("r1", {"by": 1})
+        doomed = harness.make_store()
+        try:
+            await doomed.destroy()
+        except NotImplementedError:
+            pytest.skip("the store cannot delete a team")
+        finally:
+            if doomed is not store:  # (a store that is the whole team is the same object)
+                await doomed.close()
+        async with Mailboxes(harness.make_store(), members=["lead"]) as mail:
+            assert await mail.store.task_record_create("r1", {"by": 2}) == {"by": 2}
+
     async def test_concurrent_task_records_have_one_winner(self, harness: StoreHarness) -> None:
         stores = [harness.make_store()]
         if stores[0].capabilities.shared:

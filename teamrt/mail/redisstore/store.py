@@ -311,6 +311,7 @@ class RedisStore(Store):
             if int(reply[0]) == 1:
                 self.epoch = ""
                 self._roster = ()
+                await self._delete_task_records(what)
                 return
             if int(reply[0]) == 2:
                 holder = reply[2].decode(errors="replace").partition(" ")[2]
@@ -457,6 +458,19 @@ class RedisStore(Store):
             f"settle the task record of request {id_}",
         )
         return self._task_record(id_, current, replies[1])
+
+    async def _delete_task_records(self, what: str) -> None:
+        """Delete the team's task records (after `destroy`: a team made again under the name
+        must not return the old team's outcomes)."""
+        cursor: Any = b"0"
+        while True:
+            cursor, found = await self.client.call(
+                "SCAN", cursor, "MATCH", self.keys.task("*"), "COUNT", 1000, what=what
+            )
+            if found:
+                await self.client.call("DEL", *found, what=what)
+            if cursor in (b"0", 0, "0"):
+                return
 
     def _task_record(self, id_: str, raw: Any, outcome: Any) -> dict[str, Any]:
         try:
