@@ -1,11 +1,11 @@
 """The store interface: the one seam between the mailbox logic and where inboxes live.
 
 A store appends encoded envelopes to inboxes (assigning `seq`), hands an inbox's owner a reader
-over its records, keeps the roster, leases and the budget ledger, and tells the mailboxes when
-another process wrote. Everything above it (acks, dedup, request/response, wake-ups within a
-process) is store-agnostic, and every store passes the same conformance suite
-(`teamrt.testing.conformance`), with the parts that only some stores can promise gated by their
-`Capabilities`.
+over its records, keeps the roster, leases, the budget ledger and task records (idempotent
+asks), and tells the mailboxes when another process wrote. Everything above it (acks, dedup,
+request/response, wake-ups within a process) is store-agnostic, and every store passes the
+same conformance suite (`teamrt.testing.conformance`), with the parts that only some stores can
+promise gated by their `Capabilities`.
 
 The seam is shaped for a store that may be slow or unreachable as well as for local files:
 

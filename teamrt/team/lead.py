@@ -7,9 +7,9 @@ registered for their type (answered with its return value, or an error response:
 when there is none). Everything else (messages, broadcasts, answers whose request is not
 waiting in this process, a predecessor's outcomes included) is mail for the program, handed
 over through a small buffer and acked only once the program has taken it (`Team.lead_mail()`).
-When the buffer is full the server stops reading: what the program has not taken stays in the
-inbox, unacked, and comes again to the next lead. It must never ack mail the program has not
-seen.
+When the buffer is full the server stops reading (what comes behind waits too: requests, plans,
+progress): what the program has not taken stays in the inbox, unacked, and comes again to the
+next lead. It must never ack mail the program has not seen.
 """
 
 from __future__ import annotations
