@@ -22,10 +22,14 @@ from teamrt.agents import tool
 from teamrt.envelopes import Envelope, Request
 from teamrt.errors import RemoteError
 from teamrt.mail import MemoryMailboxes
+from teamrt.mail.locator import open_mailboxes
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.team import Team, Teammate
 from teamrt.team.lead import MAIL_BUFFERED, NO_HANDLER
+from tests.redis_server import RedisServer, shared_redis
+
+__all__ = ["shared_redis"]  # the fixture
 
 PROCS = str(Path(__file__).with_name("lead_procs.py"))
 MESSAGES = 1000
@@ -47,19 +51,26 @@ def flooder(mail: Mailboxes) -> Teammate:
     return Teammate("w", FunctionModel(brain), tools=[flood])
 
 
-async def test_a_thousand_messages_from_a_teammates_tool_all_reach_the_lead(
-    tmp_path: Path,
-) -> None:
+@pytest.fixture(params=["files", "redis"])
+def locator(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new team on files, or on the session's Redis server."""
+    if request.param == "files":
+        return str(tmp_path / "t")
+    server: RedisServer = request.getfixturevalue("shared_redis")
+    return server.url()
+
+
+async def test_a_thousand_messages_from_a_teammates_tool_all_reach_the_lead(locator: str) -> None:
     """Sent while the program reads nothing: the lead's server stops at its buffer (what it
     holds unacked stays bounded), then every message reaches the program, in order."""
     async with (
-        FileMailboxes(tmp_path / "t", members=["lead", "w", "boss"]) as mail,
+        open_mailboxes(locator, members=["lead", "w", "boss"]) as mail,
         Team(mail, [flooder(mail)]) as team,
     ):
         # the task comes from another member, so no ask of the lead reads ahead for it
         task = Envelope.request("boss", "w", "flood the lead", type="task")
         await mail.send(task)
-        answer = await mail.inbox("boss").receive(timeout=30)
+        answer = await (await mail.open_inbox("boss")).receive(timeout=30)
         assert answer.in_reply_to == task.id and answer.body["answer"] == "told"
         while mail.statistics()["lead"].unacked < MAIL_BUFFERED:  # noqa: ASYNC110 -- a peek
             await anyio.sleep(0.005)
@@ -72,7 +83,7 @@ async def test_a_thousand_messages_from_a_teammates_tool_all_reach_the_lead(
                 if len(bodies) == MESSAGES:
                     break
         assert bodies == [f"n{i}" for i in range(MESSAGES)]
-        await mail.inbox("lead").flush()
+        await (await mail.open_inbox("lead")).flush()
         assert mail.statistics()["lead"].unacked == 0
 
 
