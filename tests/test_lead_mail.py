@@ -163,25 +163,25 @@ async def test_a_request_is_answered_by_the_handler_of_its_type() -> None:
     assert response.body == {"pong": "hi"}
 
 
-async def test_a_request_to_a_lead_without_a_handler_is_refused_at_once() -> None:
+async def test_a_request_to_a_lead_without_a_handler_is_refused_at_once(locator: str) -> None:
     """Refused with NoHandler, not left to wait its whole timeout (600 s, far past the
     test's)."""
     async with MemoryMailboxes() as mail, Team(mail, [asker()]) as team:
         result = await team.ask("w", "deploy it", timeout=30)
     assert NO_HANDLER in (result.answer or ""), result.answer
-    async with MemoryMailboxes(members=["lead", "other"]) as mail, Team(mail, []):
+    async with open_mailboxes(locator, members=["lead", "other"]) as mail, Team(mail, []):
         with pytest.raises(RemoteError) as caught:
             await mail.request(Envelope.request("other", "lead", "hi", timeout=600))
     assert caught.value.error_type == NO_HANDLER
     assert "registers none" in str(caught.value)
 
 
-async def test_a_handler_that_raises_answers_with_an_error() -> None:
+async def test_a_handler_that_raises_answers_with_an_error(locator: str) -> None:
     async def broken(request: Request) -> str:
         raise ValueError("no deploys on Fridays")
 
     async with (
-        MemoryMailboxes(members=["lead", "other"]) as mail,
+        open_mailboxes(locator, members=["lead", "other"]) as mail,
         Team(mail, [], on_request=broken),
     ):
         with pytest.raises(RemoteError, match="no deploys on Fridays") as caught:

@@ -16,7 +16,7 @@ from teamrt.team.config import (
     TeamBudget,
     Teammate,
 )
-from teamrt.team.lead import NOTICES_KEPT
+from teamrt.team.lead import MAIL_BUFFERED, NO_HANDLER, NOTICES_KEPT, Handler
 from teamrt.team.protocol import (
     BUSY,
     CRASHED,
@@ -50,7 +50,9 @@ __all__ = [
     "DEFAULT_WAKE_ON",
     "EXPIRED",
     "IDLE",
+    "MAIL_BUFFERED",
     "NOTICES_KEPT",
+    "NO_HANDLER",
     "PLAN_APPROVAL",
     "PLAN_DECISION",
     "PROGRESS",
@@ -65,6 +67,7 @@ __all__ = [
     "Approver",
     "CrashBody",
     "DecisionBody",
+    "Handler",
     "IdleBody",
     "MailKind",
     "MemberState",
