@@ -169,9 +169,9 @@ async def test_a_request_to_a_lead_without_a_handler_is_refused_at_once(locator:
     async with MemoryMailboxes() as mail, Team(mail, [asker()]) as team:
         result = await team.ask("w", "deploy it", timeout=30)
     assert NO_HANDLER in (result.answer or ""), result.answer
-    async with open_mailboxes(locator, members=["lead", "other"]) as mail, Team(mail, []):
+    async with open_mailboxes(locator, members=["lead", "other"]) as shared, Team(shared, []):
         with pytest.raises(RemoteError) as caught:
-            await mail.request(Envelope.request("other", "lead", "hi", timeout=600))
+            await shared.request(Envelope.request("other", "lead", "hi", timeout=600))
     assert caught.value.error_type == NO_HANDLER
     assert "registers none" in str(caught.value)
 
