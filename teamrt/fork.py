@@ -570,8 +570,8 @@ async def wait_for_answers(
     """Wait for the responses to `requests` (ids of requests `member` sent: a fork's open
     requests) in `member`'s inbox, and return them by request id; other envelopes read
     meanwhile are acked and dropped. For a driver that consumes the lead's inbox itself (a
-    `Team` on the fork that has not been asked anything). Raises `ReceiveTimeout` naming what
-    did not come in `timeout` seconds."""
+    `Team(..., lead_here=False)` on the fork, which leaves the lead's inbox to it). Raises
+    `ReceiveTimeout` naming what did not come in `timeout` seconds."""
     wanted = set(requests)
     answers: dict[str, Response] = {}
     inbox = await mail.open_inbox(member)

@@ -60,7 +60,7 @@ async def _run(directory: Path) -> TaskResult:
 async def _redrive(directory: Path, teammates: list[Teammate], requests: list[str]) -> Response:
     async with (
         FileMailboxes(directory) as mail,
-        Team(mail, teammates, agent_dir=directory / "agents"),
+        Team(mail, teammates, agent_dir=directory / "agents", lead_here=False),
     ):
         answers = await wait_for_answers(mail, requests, timeout=30)
     (answer,) = answers.values()

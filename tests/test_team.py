@@ -37,7 +37,8 @@ from teamrt.team import (
 
 async def lead_mail(mail: MemoryMailboxes, team: Team | None = None) -> list[Envelope]:
     """Everything the lead got: what the team's lead server took in, then what is left."""
-    inbox, out = mail.inbox("lead"), list(team.notices) if team is not None else []
+    inbox = mail.inbox("lead")
+    out = [*team.notices, *team.lead_mail_nowait()] if team is not None else []
     while True:
         try:
             out.append(inbox.receive_nowait())

@@ -223,7 +223,7 @@ async def test_a_queued_task_is_not_refused_busy_after_a_restart() -> None:
             # both accepted: one working, one queued; now a clean stop (the slow tool is
             # cancelled at the shutdown deadline: the task stays unacked and resumes)
         release.set()
-        async with Team(mail, [teammate]):
+        async with Team(mail, [teammate], lead_here=False):
             inbox = mail.inbox("lead")
             answers: dict[str, Envelope] = {}
             with anyio.fail_after(10):
@@ -439,7 +439,7 @@ async def test_a_torn_journal_line_does_not_swallow_the_next_incarnations_record
         with journal.open("ab") as f:  # the process died in the middle of writing a line
             f.write(b'{"t":"result","id":"call_x","mess')
         gate.set()
-        async with Team(mail, [teammate], agent_dir=agents) as team:
+        async with Team(mail, [teammate], agent_dir=agents, lead_here=False) as team:
             inbox = mail.inbox("lead")
             with anyio.fail_after(10):
                 while (envelope := await inbox.receive()).in_reply_to != task.id:
@@ -551,7 +551,7 @@ async def test_a_task_stopped_during_a_model_call_after_compaction_resumes(
                 await anyio.sleep(0.001)
             await anyio.sleep(0.05)  # compacted, and waiting for the model: stopped here
         blocking = False
-        async with Team(mail, [teammate], agent_dir=agents):
+        async with Team(mail, [teammate], agent_dir=agents, lead_here=False):
             inbox = mail.inbox("lead")
             with anyio.fail_after(5):
                 while (envelope := await inbox.receive()).in_reply_to != task.id:
@@ -633,7 +633,7 @@ async def test_a_resumed_request_tool_does_not_make_the_callee_work_twice(
                     await anyio.sleep(0.001)
         # stopped with a waiting in request() and b in the middle of the job
         gate.set()
-        async with Team(mail, members, agent_dir=agents) as team:
+        async with Team(mail, members, agent_dir=agents, lead_here=False) as team:
             inbox = mail.inbox("lead")
             with anyio.fail_after(10):
                 while (envelope := await inbox.receive()).in_reply_to != task.id:
@@ -698,13 +698,13 @@ async def test_a_delegated_tool_rerun_after_a_stop_keeps_its_idempotency_key(
     teammate = Teammate("w", FunctionModel(brain), tools=[charge_card], delegate=True)
     async with FileMailboxes(tmp_path / "t", members=["lead", "w"]) as mail:
         task = Envelope.request("lead", "w", "charge the customer", type="task")
-        async with Team(mail, [teammate], agent_dir=agents, shutdown_deadline=0.1):
+        async with Team(mail, [teammate], agent_dir=agents, shutdown_deadline=0.1, lead_here=False):
             await mail.send(task)
             with anyio.fail_after(5):
                 while not keys:  # noqa: ASYNC110 -- a peek
                     await anyio.sleep(0.001)
         gate.set()
-        async with Team(mail, [teammate], agent_dir=agents):
+        async with Team(mail, [teammate], agent_dir=agents, lead_here=False):
             inbox = mail.inbox("lead")
             with anyio.fail_after(5):
                 while (envelope := await inbox.receive()).in_reply_to != task.id:
@@ -795,10 +795,10 @@ async def test_a_late_plan_decision_never_reaches_the_model(tmp_path: Path) -> N
             return envelope
 
         task = Envelope.request("lead", "w", "first: make a plan", type="task")
-        async with Team(mail, [teammate], agent_dir=agents, shutdown_deadline=0.1):
+        async with Team(mail, [teammate], agent_dir=agents, shutdown_deadline=0.1, lead_here=False):
             await mail.send(task)
             first_plan = await next_plan()  # not decided before w is stopped
-        async with Team(mail, [teammate], agent_dir=agents):
+        async with Team(mail, [teammate], agent_dir=agents, lead_here=False):
             second_plan = await next_plan()  # the resumed submit_plan asks again
             for plan in (first_plan, second_plan):
                 await mail.send(

@@ -177,6 +177,7 @@ class MemoryStore(Store):
         self.inboxes.clear()
         self._ran.clear()
         self._ledger = None
+        self._task_records.clear()
 
     async def _lock_member(self, name: str, holder: str) -> tuple[object, int]:
         self._inbox(name)  # one store object is the whole team: nobody else can hold it

@@ -1,11 +1,11 @@
 """The store interface: the one seam between the mailbox logic and where inboxes live.
 
 A store appends encoded envelopes to inboxes (assigning `seq`), hands an inbox's owner a reader
-over its records, keeps the roster, leases and the budget ledger, and tells the mailboxes when
-another process wrote. Everything above it (acks, dedup, request/response, wake-ups within a
-process) is store-agnostic, and every store passes the same conformance suite
-(`teamrt.testing.conformance`), with the parts that only some stores can promise gated by their
-`Capabilities`.
+over its records, keeps the roster, leases, the budget ledger and task records (idempotent
+asks), and tells the mailboxes when another process wrote. Everything above it (acks, dedup,
+request/response, wake-ups within a process) is store-agnostic, and every store passes the
+same conformance suite (`teamrt.testing.conformance`), with the parts that only some stores can
+promise gated by their `Capabilities`.
 
 The seam is shaped for a store that may be slow or unreachable as well as for local files:
 
@@ -321,6 +321,32 @@ class Store(ABC):
         there are none. Called from the synchronous receive path: a local read, or on a network
         store one blocking round trip (blobs are rare, large payloads)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no blobs")
+
+    # -- task records: idempotent asks (`Team.ask(..., key=)`), one record per request id --
+
+    async def task_record_create(self, id_: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Write `record` for the request `id_` unless one is there (atomically, for every
+        process of the team); return the record there now (`record` itself if it was written),
+        with the `outcome` it was settled with, if any. Records are never changed otherwise."""
+        current = self._task_records.setdefault(id_, dict(record))
+        return dict(current)
+
+    async def task_record_settle(self, id_: str, outcome: dict[str, Any]) -> dict[str, Any] | None:
+        """Settle the record of request `id_` with `outcome` (JSON data) unless it has one:
+        the first outcome wins. Return the record now, or None if `id_` has none (a request
+        that was not an idempotent ask)."""
+        current = self._task_records.get(id_)
+        if current is None:
+            return None
+        current.setdefault("outcome", outcome)
+        return dict(current)
+
+    @property
+    def _task_records(self) -> dict[str, dict[str, Any]]:
+        records: dict[str, dict[str, Any]] | None = self.__dict__.get("_task_records_held")
+        if records is None:
+            records = self.__dict__["_task_records_held"] = {}
+        return records
 
     # -- liveness: is anybody running a member? --
 

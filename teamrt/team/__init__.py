@@ -16,6 +16,7 @@ from teamrt.team.config import (
     TeamBudget,
     Teammate,
 )
+from teamrt.team.lead import MAIL_BUFFERED, NO_HANDLER, NOTICES_KEPT, Handler
 from teamrt.team.protocol import (
     BUSY,
     CRASHED,
@@ -41,7 +42,7 @@ from teamrt.team.protocol import (
     ShutdownBody,
     TaskResult,
 )
-from teamrt.team.team import NOTICES_KEPT, Team
+from teamrt.team.team import Team
 
 __all__ = [
     "BUSY",
@@ -49,7 +50,9 @@ __all__ = [
     "DEFAULT_WAKE_ON",
     "EXPIRED",
     "IDLE",
+    "MAIL_BUFFERED",
     "NOTICES_KEPT",
+    "NO_HANDLER",
     "PLAN_APPROVAL",
     "PLAN_DECISION",
     "PROGRESS",
@@ -64,6 +67,7 @@ __all__ = [
     "Approver",
     "CrashBody",
     "DecisionBody",
+    "Handler",
     "IdleBody",
     "MailKind",
     "MemberState",

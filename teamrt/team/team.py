@@ -6,8 +6,9 @@ only place one is opened). Each teammate gets a supervisor task, which takes the
 `Runner`): it serves tasks, wakes for mail, and follows the shutdown protocol. A teammate that
 crashes reports it to the lead and is restarted if its policy says so; the next incarnation
 takes up the conversation and resumes the interrupted task from its journal. The lead's inbox is
-served here too: idle and crash notices are acked as they come (so a long-lived lead stays flat),
-and plans are put to the approver. A role can be a pool of replicas; `ask` picks the least busy.
+served from the start, like a member's (`teamrt.team.lead`): notices, plans for the approver,
+requests for the program's handlers, and mail for the program (`lead_mail()`). A role can be a
+pool of replicas; `ask` picks the least busy.
 
 Everything between teammates goes through the mailboxes; nothing here shares an agent's context.
 """
@@ -22,7 +23,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -31,11 +32,9 @@ from typing import Any, Self, TypeVar, overload
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
-from pydantic import ValidationError
 
 from teamrt.agents.output import OutputType, Rejected
 from teamrt.agents.state import AgentState
-from teamrt.agents.tools import cancelled_for_real
 from teamrt.envelopes import Envelope, Request, Response, new_id
 from teamrt.errors import (
     Deadlock,
@@ -49,17 +48,13 @@ from teamrt.errors import (
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.store import Lease
 from teamrt.team.config import MemberStatus, TeamBudget, Teammate
+from teamrt.team.lead import Handler, LeadServer, ask_once, keyed_id
 from teamrt.team.protocol import (
-    PLAN_APPROVAL,
-    PLAN_DECISION,
-    PROGRESS,
     SHUTDOWN,
     SHUTDOWN_ACK,
     STREAMED_TASK,
     TASK,
     Approver,
-    DecisionBody,
-    PlanBody,
     ProgressBody,
     ShutdownBody,
     TaskResult,
@@ -69,8 +64,6 @@ from teamrt.team.runner import Runner
 
 log = logging.getLogger("teamrt.team")
 
-#: Notices (idle, crash, late answers) the lead keeps for inspection; older ones are dropped.
-NOTICES_KEPT = 200
 
 T = TypeVar("T")
 
@@ -82,12 +75,15 @@ class Team:
             async with Team(mail, [researcher, writer]) as team:
                 result = await team.ask("researcher", "What is inotify?")
 
-    `lead` is the member that asks and receives idle and crash notices (the code using the
-    team); they are kept in `notices` (the most recent `NOTICES_KEPT`). `agent_dir` keeps each
-    teammate's checkpoint journal and transcript. `remote` names members that run in other
-    processes on the same team directory (`teamrt run-agent`): the team asks them like any
-    member and sends them a shutdown request when it shuts down. `prices` (model name to USD
-    per million input and output tokens) apply to every member; a teammate's own win.
+    `lead` is the member that asks (the code using the team): its inbox is served from the
+    start; idle and crash notices are kept in `notices` (the most recent `NOTICES_KEPT`), its
+    mail comes from `lead_mail()`, and teammates' requests to it go to `on_request` (or a
+    handler registered for their type with `handle`; with none they are refused `NoHandler`).
+    `agent_dir` keeps each teammate's checkpoint journal and transcript. `remote` names
+    members that run in other processes on the same team directory (`teamrt run-agent`): the
+    team asks them like any member and sends them a shutdown request when it shuts down.
+    `prices` (model name to USD per million input and output tokens) apply to every member; a
+    teammate's own win.
     """
 
     def __init__(
@@ -103,6 +99,7 @@ class Team:
         approver: Approver | None = None,
         prices: dict[str, tuple[float, float]] | None = None,
         lead_here: bool = True,
+        on_request: Handler | None = None,
     ) -> None:
         self.mail = mail
         self.teammates: dict[str, Teammate] = {}
@@ -130,7 +127,7 @@ class Team:
         self.approver = approver
         self.prices = dict(prices or {})  # USD per million tokens, for every member's models
         self.status: dict[str, MemberStatus] = {n: MemberStatus(n) for n in self.teammates}
-        self.notices: deque[Envelope] = deque(maxlen=NOTICES_KEPT)
+        self._lead = LeadServer(self, on_request)
         self._in_flight: dict[str, int] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._running = 0
@@ -183,8 +180,7 @@ class Team:
         await task_group.__aenter__()
         self._task_group = task_group
         try:
-            if self.approver is not None:
-                self._serve_lead()
+            self._serve_lead()
             for teammate in self.teammates.values():
                 await task_group.start(self._supervise, teammate)
         except BaseException:
@@ -211,6 +207,7 @@ class Team:
             try:
                 await task_group.__aexit__(None, None, None)
             finally:
+                self._lead.close()
                 if self._lead_lease is not None:
                     await self._lead_lease.release()
                     self._lead_lease = None
@@ -219,7 +216,13 @@ class Team:
 
     @overload
     async def ask(
-        self, member: str, text: str, *, timeout: float | None = None, trace_id: str | None = None
+        self,
+        member: str,
+        text: str,
+        *,
+        timeout: float | None = None,
+        trace_id: str | None = None,
+        key: str | None = None,
     ) -> TaskResult: ...
 
     @overload
@@ -231,6 +234,7 @@ class Team:
         output_type: type[T],
         timeout: float | None = None,
         trace_id: str | None = None,
+        key: str | None = None,
     ) -> T: ...
 
     @overload
@@ -242,6 +246,7 @@ class Team:
         output_type: Any,
         timeout: float | None = None,
         trace_id: str | None = None,
+        key: str | None = None,
     ) -> Any: ...
 
     async def ask(
@@ -252,6 +257,7 @@ class Team:
         output_type: Any = None,
         timeout: float | None = None,
         trace_id: str | None = None,
+        key: str | None = None,
     ) -> Any:
         """Give `member` a task (from the lead) and wait for its result: the `TaskResult`, or
         with `output_type`, the typed answer.
@@ -269,10 +275,20 @@ class Team:
         not match `output_type`) or `OutputError` (it stopped for another reason, or the
         teammate answered with text); both carry the `TaskResult`. A member of this team that
         declares no `output_type` is refused with `UsageError` before anything is sent.
+
+        `key` makes the ask idempotent: a second ask with the same key, from any process of
+        the team (a restarted lead included), never runs the task again and returns the first
+        outcome (see `teamrt.team.lead.ask_once`); the same key with another member or text
+        is refused with `UsageError`.
         """
         typed = self._output_type(member, output_type) if output_type is not None else None
         request = self._task(member, text, TASK, timeout, trace_id)
-        result = TaskResult.model_validate((await self._request(request, timeout)).body)
+        if key is not None:
+            request = request.model_copy(update={"id": keyed_id(self.mail.team, self.lead, key)})
+            response = await ask_once(self._lead, member, request, key, timeout)
+        else:
+            response = await self._request(request, timeout)
+        result = TaskResult.model_validate(response.body)
         return result if typed is None else typed_answer(request.recipient, result, typed)
 
     def _output_type(self, member: str, output_type: Any) -> OutputType:
@@ -299,12 +315,11 @@ class Team:
         self, member: str, text: str, kind: str, timeout: float | None, trace_id: str | None
     ) -> Request:
         """The task request for `member` (a pool's least busy replica), which must be running;
-        the lead's inbox is served from here on (answers come back there)."""
+        its answer comes back to the lead's inbox."""
         member = self.pick(member)
         status = self.status.get(member)
         if status is not None and status.state in ("crashed", "stopped"):
             raise TeammateGone(f"{member!r} {status.state} and is not running: {status.last}")
-        self._serve_lead()
         return Envelope.request(
             self.lead, member, text, type=kind, timeout=timeout, trace_id=trace_id or new_id()
         )
@@ -331,7 +346,7 @@ class Team:
                     ...
 
         Errors are those of `ask`, raised from the iterator. Leaving the block early stops
-        waiting (the task goes on; its result reaches the lead's notices).
+        waiting (the task goes on; its result reaches `lead_mail()`).
         """
         request = self._task(member, text, STREAMED_TASK, timeout, None)
         send, receive = anyio.create_memory_object_stream[ProgressBody | TaskResult | Exception](
@@ -426,63 +441,40 @@ class Team:
                     stack.append([*path, nxt])
         return None
 
-    # -- the lead's inbox --
+    # -- the lead's inbox (served by teamrt.team.lead) --
+
+    @property
+    def notices(self) -> deque[Envelope]:
+        """The latest idle and crash notices the lead got (`NOTICES_KEPT`; they are acked)."""
+        return self._lead.notices
+
+    def lead_mail(self) -> AsyncGenerator[Envelope]:
+        """The lead's mail as it comes: messages, broadcasts, and answers no `ask` here waits
+        for (late ones, and a predecessor's outcomes after a restart). Each envelope is acked
+        once the program asks for the next one; what it never takes stays in the inbox for
+        the next lead (see `teamrt.team.lead`).
+
+            async for envelope in team.lead_mail():
+                ...
+        """
+        return self._lead.mail()
+
+    def lead_mail_nowait(self) -> list[Envelope]:
+        """The lead's mail read so far and not yet taken, taken (and acked) now."""
+        return self._lead.mail_nowait()
+
+    def handle(self, type: str, handler: Handler) -> None:
+        """Answer teammates' requests of `type` to the lead with `handler(request)`: its
+        return value is the answer; an exception it raises goes back as an error response."""
+        self._lead.handlers[type] = handler
 
     def _serve_lead(self) -> None:
-        """Start serving the lead's inbox (once): from the first `ask`, or from the start when
-        there is an approver. A team whose lead runs elsewhere never consumes its inbox."""
-        if self._serving_lead or self._task_group is None:
+        """Start serving the lead's inbox (once, at start). A team whose lead runs elsewhere
+        never consumes its inbox."""
+        if self._serving_lead or self._task_group is None or not self.lead_here:
             return
         self._serving_lead = True
-        self._task_group.start_soon(self._lead_inbox)
-
-    async def _lead_inbox(self) -> None:
-        inbox = await self.mail.open_inbox(self.lead)
-        while True:
-            envelope = await inbox.receive()  # answers to `ask` are routed before this
-            try:
-                if envelope.type == PLAN_APPROVAL and isinstance(envelope, Request):
-                    await self._decide(envelope)
-                elif envelope.type == PROGRESS:
-                    await self._progressed(envelope)
-                else:
-                    self.notices.append(envelope)
-            finally:
-                inbox.ack_nowait(envelope)
-
-    async def _progressed(self, envelope: Envelope) -> None:
-        """A streamed task's progress: to whoever streams it (dropped once nobody does)."""
-        try:
-            body = ProgressBody.model_validate(envelope.body)
-        except ValidationError:
-            return
-        listener = self._progress.get(body.task)
-        if listener is not None:
-            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                await listener.send(body)
-
-    async def _decide(self, request: Request) -> None:
-        """The lead's side of the approval gate: put the plan to the approver. Whatever goes
-        wrong (a malformed plan, the approver's own bug) rejects the plan, saying why: it never
-        takes the team down."""
-        if self.approver is None:
-            approved, feedback = False, "the lead has no approver: no plan can be approved"
-        else:
-            try:
-                plan = PlanBody.model_validate(request.body)
-                approved, feedback = await self.approver(request.sender, plan.plan)
-            except ValidationError as exc:
-                approved, feedback = False, f"the plan is malformed: {exc.errors()[0]['msg']}"
-            except BaseException as exc:  # the approver's bug must not take the team down
-                if isinstance(exc, anyio.get_cancelled_exc_class()) and cancelled_for_real():
-                    raise
-                log.warning("the approver failed on %s's plan: %r", request.sender, exc)
-                approved, feedback = False, f"the approver failed: {type(exc).__name__}: {exc}"
-        await self.mail.send(
-            Envelope.response(
-                request, DecisionBody(approved=approved, feedback=feedback), type=PLAN_DECISION
-            )
-        )
+        self._task_group.start_soon(self._lead.serve)
 
     # -- shutting down --
 

@@ -22,6 +22,7 @@ server does not answer).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -738,3 +739,74 @@ class MailboxConformance:
             assert bodies[0] == "before"
             assert bodies.count("after") == 1
             assert len(bodies) == len(set(bodies))  # nothing delivered twice
+
+    # -- task records: idempotent asks --
+
+    async def test_a_task_record_is_written_once_and_settled_once(
+        self, harness: StoreHarness
+    ) -> None:
+        async with Mailboxes(harness.make_store(), members=["lead", "worker"]) as mail:
+            store = mail.store
+            first = {"member": "worker", "text": "charge it"}
+            assert await store.task_record_create("r1", first) == first
+            assert await store.task_record_create("r1", {"text": "other"}) == first
+            assert await store.task_record_settle("r2", {"body": 1}) is None  # no record
+            assert await store.task_record_settle("r1", {"body": 1}) == {
+                **first,
+                "outcome": {"body": 1},
+            }
+            assert await store.task_record_settle("r1", {"body": 2}) == {
+                **first,
+                "outcome": {"body": 1},
+            }
+            assert await store.task_record_create("r1", {}) == {**first, "outcome": {"body": 1}}
+        async with Mailboxes(harness.make_store()) as mail:  # reopened: the record survives
+            assert await mail.store.task_record_create("r1", {}) == {
+                **first,
+                "outcome": {"body": 1},
+            }
+
+    async def test_a_destroyed_team_keeps_no_task_record(self, harness: StoreHarness) -> None:
+        store = harness.make_store()
+        async with Mailboxes(store, members=["lead"]) as mail:
+            await mail.store.task_record_create("r1", {"by": 1})
+        doomed = harness.make_store()
+        try:
+            await doomed.destroy()
+        except NotImplementedError:
+            pytest.skip("the store cannot delete a team")
+        finally:
+            if doomed is not store:  # (a store that is the whole team is the same object)
+                await doomed.close()
+        async with Mailboxes(harness.make_store(), members=["lead"]) as mail:
+            assert await mail.store.task_record_create("r1", {"by": 2}) == {"by": 2}
+
+    async def test_concurrent_task_records_have_one_winner(self, harness: StoreHarness) -> None:
+        stores = [harness.make_store()]
+        if stores[0].capabilities.shared:
+            stores.append(harness.make_store())
+        async with contextlib.AsyncExitStack() as stack:
+            opened = [
+                await stack.enter_async_context(Mailboxes(s, members=["lead"])) for s in stores
+            ]
+            records: list[dict[str, object]] = []
+
+            async def create(i: int) -> None:
+                store = opened[i % len(opened)].store
+                records.append(await store.task_record_create("r", {"by": i}))
+
+            async def settle(i: int) -> None:
+                store = opened[i % len(opened)].store
+                record = await store.task_record_settle("r", {"by": i})
+                assert record is not None
+                records.append(record)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(create, i)
+            assert len({str(r) for r in records}) == 1
+            records.clear()
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(settle, i)
+            assert len({str(r["outcome"]) for r in records}) == 1

@@ -43,6 +43,7 @@ from teamrt.mail.filestore.fileio import (
 )
 from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import FileReader
+from teamrt.mail.filestore.tasks import TaskRecords
 from teamrt.mail.filestore.watch import dispatch_forever
 from teamrt.mail.log import DEFAULT_MAX_LINE, Cursor
 from teamrt.mail.store import (
@@ -705,6 +706,20 @@ class FileStore(Store):
                 "a new one (the next team start does)"
             ) from None
         return ledger if isinstance(ledger, dict) else None
+
+    # -- task records: tasks/, see tasks.py --
+
+    async def task_record_create(self, id_: str, record: dict[str, Any]) -> dict[str, Any]:
+        return self._tasks().create(id_, record)
+
+    async def task_record_settle(self, id_: str, outcome: dict[str, Any]) -> dict[str, Any] | None:
+        return self._tasks().settle(id_, outcome)
+
+    def _tasks(self) -> TaskRecords:
+        durable = self.durability == "fsync"
+        return TaskRecords(
+            self.path / "tasks", durable=durable, mode=self.file_mode, dir_mode=self.dir_mode
+        )
 
     async def member_alive(self, name: str) -> bool | None:
         """See `Store.member_alive`: the lease file's flock says whether a process holds it,

@@ -18,6 +18,8 @@ braces and no two keys collide.
     quarantine:<name> list    quarantine records as JSON
     lease:<name>      string  "<fence> <holder>", with a time limit (PX)
     ctl:<id>          stream  one process's wake-up channel for its watcher (expires)
+    task:<id>         string  an idempotent ask's record (JSON), set once (SET NX)
+    task:<id>:outcome string  its outcome, the first answer (JSON), set once
 """
 
 from __future__ import annotations
@@ -163,6 +165,9 @@ class TeamKeys:
 
     def lease(self, name: str) -> str:
         return f"{self.base}lease:{name}"
+
+    def task(self, request_id: str) -> str:
+        return f"{self.base}task:{request_id}"
 
     def control(self, token: str) -> str:
         return f"{self.base}ctl:{token}"

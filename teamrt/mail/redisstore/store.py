@@ -331,6 +331,7 @@ class RedisStore(Store):
             if int(reply[0]) == 1:
                 self.epoch = ""
                 self._roster = ()
+                await self._delete_task_records(what)
                 return
             if int(reply[0]) == 2:
                 holder = reply[2].decode(errors="replace").partition(" ")[2]
@@ -447,6 +448,63 @@ class RedisStore(Store):
             socket_timeout=self.client.socket_timeout,
             connect_timeout=self.client.connect_timeout,
         )
+
+    # -- task records: task:<id> and task:<id>:outcome, each set once (SET NX) --
+
+    async def task_record_create(self, id_: str, record: dict[str, Any]) -> dict[str, Any]:
+        self._check_open()
+        key = self.keys.task(id_)
+        replies = await self.client.pipeline(
+            [
+                ("SET", key, json.dumps(record, sort_keys=True), "NX"),
+                ("GET", key),
+                ("GET", key + ":outcome"),
+            ],
+            f"write the task record of request {id_}",
+        )
+        return self._task_record(id_, replies[1], replies[2])
+
+    async def task_record_settle(self, id_: str, outcome: dict[str, Any]) -> dict[str, Any] | None:
+        self._check_open()
+        key = self.keys.task(id_)
+        current = await self.client.call("GET", key, what=f"read the task record of {id_}")
+        if current is None:
+            return None
+        replies = await self.client.pipeline(
+            [
+                ("SET", key + ":outcome", json.dumps(outcome, sort_keys=True), "NX"),
+                ("GET", key + ":outcome"),
+            ],
+            f"settle the task record of request {id_}",
+        )
+        return self._task_record(id_, current, replies[1])
+
+    async def _delete_task_records(self, what: str) -> None:
+        """Delete the team's task records (after `destroy`: a team made again under the name
+        must not return the old team's outcomes)."""
+        cursor: Any = b"0"
+        while True:
+            cursor, found = await self.client.call(
+                "SCAN", cursor, "MATCH", self.keys.task("*"), "COUNT", 1000, what=what
+            )
+            if found:
+                await self.client.call("DEL", *found, what=what)
+            if cursor in (b"0", 0, "0"):
+                return
+
+    def _task_record(self, id_: str, raw: Any, outcome: Any) -> dict[str, Any]:
+        try:
+            record = json.loads(raw)
+            if outcome is not None:
+                record["outcome"] = json.loads(outcome)
+        except (TypeError, ValueError):
+            record = None
+        if not isinstance(record, dict):
+            raise StoreCorrupt(
+                f"the task record of request {id_} in team {self.team!r} at {self.shown} is "
+                f"not a JSON object; delete the key {self.keys.task(id_)}"
+            )
+        return record
 
     # -- the budget ledger --
 
