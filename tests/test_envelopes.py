@@ -143,6 +143,7 @@ def test_public_surface_is_pinned() -> None:
         "RequestTimeout",
         "Response",
         "Store",
+        "StoreAuthFailed",
         "StoreError",
         "StoreUnavailable",
         "TeamView",
