@@ -18,6 +18,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     │   ├── DiskFull                         ENOSPC/EFBIG; the inbox was rolled back
     │   ├── DurabilityError                  fsync failed: the send is NOT acknowledged
     │   ├── StoreUnavailable                 a network store was not reached: not sent
+    │   │   └── StoreOutage                  out of reach longer than the outage tolerance
     │   ├── OutcomeUnknown                   a network store did not answer: maybe sent
     │   ├── LeaseLost                        this holder's lease expired and was taken over
     │   ├── UnsafeDirectory                  a team directory another user could prepare or write
@@ -117,6 +118,13 @@ class OutcomeUnknown(StoreError):
     """A network store's server did not answer in time after the request went out: the append
     may or may not have been applied. `Mailboxes.send` retries it with the same envelope (the
     receiver drops a second copy by its id) before raising this."""
+
+
+class StoreOutage(StoreUnavailable):
+    """A network store stayed out of reach for longer than the outage tolerance
+    (`store_outage`, 30 s unless set): the work that needed it stopped. Not a crash: the
+    member's state is in its journal, and a new incarnation resumes from it once the store is
+    back (`teamrt run-agent` reconnects by itself)."""
 
 
 class LeaseLost(StoreError):

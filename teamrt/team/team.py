@@ -175,10 +175,17 @@ class Team:
         return self
 
     async def _start(self) -> None:
-        if self.budget is not None and self.budget._store is None:
-            await self.budget.publish(self.mail.store)  # every process of the team draws on it
-        elif self.budget is None and self.lead_here:
-            await self.mail.store.ledger_update(lambda old: {} if old else None)  # none
+        budget, store = self.budget, self.mail.store
+        if budget is not None and budget._store is not store:
+            # every process of the team draws on it, from what it has spent already
+            await budget.publish(store, store_outage=self.mail.store_outage)
+        elif budget is not None:
+            budget.store_outage = self.mail.store_outage
+        elif self.lead_here:
+            await self.mail.riding_out(
+                lambda: store.ledger_update(lambda old: {} if old else None),  # none
+                "clear the budget ledger",
+            )
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
