@@ -1,0 +1,136 @@
+"""A store outage is waited out, not taken for a crash: with redis-server paused past the client's
+socket timeout, or killed and restarted on its append-only file, a teammate in the lead's
+process keeps its incarnation and answers its task; an outage longer than the tolerance stops
+the incarnation with a report that names the outage (never a crash notice)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+
+import anyio
+import pytest
+
+from teamrt.agents import tool
+from teamrt.errors import StoreOutage, StoreUnavailable
+from teamrt.mail.mailboxes import Mailboxes
+from teamrt.mail.outage import ride_out
+from teamrt.mail.redisstore import RedisStore
+from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
+from teamrt.team import CRASHED, Team, TeamBudget, Teammate
+from tests.redis_server import RedisServer, needs_redis, redis_server
+
+__all__ = ["redis_server"]  # the fixture
+pytestmark = needs_redis
+
+#: the client gives up on a silent server after this long (then the outage is waited out)
+SOCKET_TIMEOUT = 0.3
+
+
+class _Retries(logging.Handler):
+    """Sets `seen` once teamrt logs that it waits out an outage of `what`."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(logging.WARNING)
+        self.what = what
+        self.seen = anyio.Event()
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "waiting out the outage" in message and self.what in message:
+            self.count += 1
+            if self.count >= 2:  # two tries failed: past the socket timeout, retried
+                self.seen.set()
+
+
+@pytest.fixture
+def retries() -> Iterator[Callable[[str], _Retries]]:
+    handlers: list[_Retries] = []
+    logger = logging.getLogger("teamrt")
+
+    def watch(what: str) -> _Retries:
+        handler = _Retries(what)
+        logger.addHandler(handler)
+        handlers.append(handler)
+        return handler
+
+    yield watch
+    for handler in handlers:
+        logger.removeHandler(handler)
+
+
+def _outage_then_answer(start_outage: Callable[[], None]) -> Teammate:
+    """A teammate whose tool starts an outage; its next model call needs the store (the
+    team's budget is read before it), and then it answers."""
+
+    @tool
+    def look() -> str:
+        """Look around."""
+        start_outage()
+        return "the server went away"
+
+    def reply(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
+        if messages[-1].role == "tool":
+            return "answered after the outage"
+        return call("look")
+
+    return Teammate("w", FunctionModel(reply), tools=[look])
+
+
+def _store(server: RedisServer) -> RedisStore:
+    return RedisStore(server.url(), socket_timeout=SOCKET_TIMEOUT, connect_timeout=SOCKET_TIMEOUT)
+
+
+async def _ask_through(
+    server: RedisServer, retries: _Retries, start: Callable[[], None], end: Callable[[], None]
+) -> None:
+    async with Mailboxes(_store(server), members=["lead", "w"], store_outage=30) as mail:
+        budget = TeamBudget(max_tokens=1_000_000)
+        async with Team(mail, [_outage_then_answer(start)], budget=budget) as team:
+            first = team.status["w"].incarnation
+            async with anyio.create_task_group() as tg:
+
+                async def end_when_waited_out() -> None:
+                    await retries.seen.wait()
+                    end()
+
+                tg.start_soon(end_when_waited_out)
+                result = await team.ask("w", "look", timeout=60)
+            assert result.answer == "answered after the outage"
+            status = team.status["w"]
+            assert status.incarnation == first and status.restarts == 0
+            assert status.state != "crashed" and not status.last.startswith("crashed")
+            assert not [n for n in team.notices if n.type == CRASHED]
+
+
+async def test_a_teammate_waits_out_a_paused_server(
+    redis_server: RedisServer, retries: Callable[[str], _Retries]
+) -> None:
+    seen = retries("read the budget ledger")
+    await _ask_through(redis_server, seen, redis_server.pause, redis_server.resume)
+
+
+async def test_a_teammate_waits_out_a_server_killed_and_restarted_on_its_log(
+    redis_server: RedisServer, retries: Callable[[str], _Retries]
+) -> None:
+    seen = retries("read the budget ledger")
+    await _ask_through(redis_server, seen, redis_server.kill, redis_server.start)
+
+
+async def test_ride_out_lets_the_last_error_through_after_the_tolerance() -> None:
+    tries: list[int] = []
+
+    async def unreachable() -> None:
+        tries.append(1)
+        raise StoreUnavailable("not reached")
+
+    with pytest.raises(StoreUnavailable, match="not reached"):
+        await ride_out(unreachable, "reach it", 0.2)
+    assert len(tries) >= 2  # tried again before giving up
+
+    async def out() -> None:
+        raise StoreOutage("out for good")
+
+    with pytest.raises(StoreOutage):  # an outage already given up on is not waited out twice
+        await ride_out(out, "reach it", 10)
