@@ -5,8 +5,10 @@ the incarnation with a report that names the outage (never a crash notice)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import anyio
 import pytest
@@ -134,3 +136,34 @@ async def test_ride_out_lets_the_last_error_through_after_the_tolerance() -> Non
 
     with pytest.raises(StoreOutage):  # an outage already given up on is not waited out twice
         await ride_out(out, "reach it", 10)
+
+
+async def test_an_outage_longer_than_the_tolerance_stops_the_teammate_and_names_it(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    store = _store(redis_server)
+    async with Mailboxes(store, members=["lead", "w"]) as mail:
+        budget = TeamBudget(max_tokens=1_000_000)
+        worker = _outage_then_answer(redis_server.pause)
+        team = Team(mail, [worker], budget=budget, store_outage=1.0, agent_dir=tmp_path)
+        async with team:
+            status = team.status["w"]
+            async with anyio.create_task_group() as tg:
+
+                async def ask() -> None:
+                    with contextlib.suppress(Exception):  # the lead is cut off too
+                        await team.ask("w", "look", timeout=60)
+
+                tg.start_soon(ask)
+                with anyio.fail_after(30):
+                    while not status.outage:  # noqa: ASYNC110 -- polled
+                        await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+            redis_server.resume()
+            assert status.state == "stopped"
+            assert "store_outage=1s" in status.outage and "budget ledger" in status.outage
+            assert status.last.startswith("stopped by a store outage")
+            assert not [n for n in team.notices if n.type == CRASHED]
+    journal = (tmp_path / "w.state.jsonl").read_text()
+    assert '"t": "outage"' in journal or '"t":"outage"' in journal
+    assert '"crash"' not in journal

@@ -324,3 +324,4 @@ class MemberStatus:
     text: str = ""  # the end of what the model is writing now (with `Teammate(stream=True)`)
     tokens: int = 0  # spent by this member's tasks and rounds so far
     cost: float = 0.0
+    outage: str = ""  # the store outage that stopped it (longer than the tolerance), if one did
