@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import anyio
 import pytest
 
+from teamrt import Envelope
 from teamrt.agents import tool
 from teamrt.errors import StoreOutage, StoreUnavailable
 from teamrt.mail.mailboxes import Mailboxes
@@ -21,6 +25,7 @@ from teamrt.mail.redisstore import RedisStore
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.team import CRASHED, Team, TeamBudget, Teammate
 from tests.redis_server import RedisServer, needs_redis, redis_server
+from tests.remote import TESTS
 
 __all__ = ["redis_server"]  # the fixture
 pytestmark = needs_redis
@@ -167,3 +172,99 @@ async def test_an_outage_longer_than_the_tolerance_stops_the_teammate_and_names_
     journal = (tmp_path / "w.state.jsonl").read_text()
     assert '"t": "outage"' in journal or '"t":"outage"' in journal
     assert '"crash"' not in journal
+
+
+# -- a teammate in a `teamrt run-agent` process --
+
+
+def _run_agent(url: str, flags: Path, *extra: str) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
+        "OUTAGE_DIR": str(flags),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "teamrt", "run-agent", url, "--name", "w",
+         "--spec", "outage_specs:holder", "--agent-dir", str(flags / "agents"), *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+
+
+async def _line(proc: subprocess.Popen[bytes], *words: str, seen: list[str]) -> None:
+    """Read the child's stderr until a line with every one of `words` (kept in `seen`)."""
+    assert proc.stderr is not None
+    stderr = proc.stderr
+    while True:
+        line = (await anyio.to_thread.run_sync(stderr.readline)).decode()
+        assert line, "run-agent exited: " + "".join(seen)
+        seen.append(line)
+        if all(word in line for word in words):
+            return
+
+
+async def _task_through_outage(
+    server: RedisServer, tmp_path: Path, *extra: str, waited: tuple[str, ...]
+) -> tuple[dict[str, object], list[str]]:
+    """Ask the run-agent teammate a task, pause the server while its tool holds, resume it once
+    the child's stderr shows `waited`; the task's answer and what the child wrote."""
+    url = server.url() + f"&socket_timeout={SOCKET_TIMEOUT}&socket_connect_timeout=1"
+    seen: list[str] = []
+    async with Mailboxes(_store_at(url), members=["lead", "w"], store_outage=60) as mail:
+        proc = _run_agent(url, tmp_path, *extra)
+        try:
+            inbox = await mail.open_inbox("lead")
+            task = Envelope.request("lead", "w", "hold", type="task")
+            await mail.send(task)
+            with anyio.fail_after(50):
+                while not (tmp_path / "holding").exists():
+                    assert proc.poll() is None
+                    await anyio.sleep(0.02)
+                server.pause()
+                (tmp_path / "go").touch()
+                await _line(proc, *waited, seen=seen)
+                server.resume()
+                while True:
+                    answer = await inbox.receive(timeout=40)
+                    await inbox.ack(answer)
+                    if answer.in_reply_to == task.id:
+                        break
+            assert proc.poll() is None  # still serving
+        finally:
+            if server.paused:
+                server.resume()
+            proc.terminate()
+            await anyio.to_thread.run_sync(proc.wait)
+            assert proc.stderr is not None
+            seen.append(proc.stderr.read().decode())
+            proc.stderr.close()
+    assert answer.type != "error", answer.body
+    body = answer.body
+    assert isinstance(body, dict)
+    return body, seen
+
+
+def _store_at(url: str) -> RedisStore:
+    return RedisStore(url)
+
+
+async def test_a_run_agent_teammate_waits_out_a_paused_server(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    body, seen = await _task_through_outage(
+        redis_server, tmp_path, waited=("waiting out the outage", "budget ledger")
+    )
+    assert body["answer"] == "answered after the outage"
+    printed = "".join(seen)
+    assert "crashed" not in printed and "reconnecting" not in printed
+
+
+async def test_run_agent_reconnects_after_an_outage_longer_than_its_tolerance(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    body, seen = await _task_through_outage(
+        redis_server, tmp_path, "--store-outage", "1", waited=("stopped by a store outage",)
+    )
+    assert body["answer"] == "answered after the outage"  # resumed by the next incarnation
+    printed = "".join(seen)
+    assert "store_outage=1s" in printed and "reconnecting" in printed
+    assert "crashed" not in printed
