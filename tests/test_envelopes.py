@@ -143,6 +143,7 @@ def test_public_surface_is_pinned() -> None:
         "Response",
         "Store",
         "StoreError",
+        "StoreOutage",
         "StoreUnavailable",
         "TeamView",
         "TeamrtError",

@@ -1,7 +1,8 @@
 """A store outage is waited out, not taken for a crash: with redis-server paused past the client's
-socket timeout, or killed and restarted on its append-only file, a teammate in the lead's
-process keeps its incarnation and answers its task; an outage longer than the tolerance stops
-the incarnation with a report that names the outage (never a crash notice)."""
+socket timeout, killed and restarted on its append-only file, or cut off (a proxy that holds
+every byte), a teammate in the lead's process or in a `teamrt run-agent` process keeps its
+incarnation and answers its task; an outage longer than the tolerance stops the incarnation with
+a report that names the outage (never a crash notice), and run-agent reconnects and resumes."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 
 from teamrt import Envelope
 from teamrt.agents import tool
@@ -123,6 +125,60 @@ async def test_a_teammate_waits_out_a_server_killed_and_restarted_on_its_log(
 ) -> None:
     seen = retries("read the budget ledger")
     await _ask_through(redis_server, seen, redis_server.kill, redis_server.start)
+
+
+class _Partition:
+    """A TCP proxy in front of the server that the test can cut off: while cut, bytes in
+    either direction are held (nothing is refused or reset, as on a cut link)."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.healed = anyio.Event()
+        self.healed.set()
+        self.port = 0
+
+    def cut(self) -> None:
+        self.healed = anyio.Event()
+
+    def heal(self) -> None:
+        self.healed.set()
+
+    async def serve(self, *, task_status: TaskStatus[None]) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.port = listener.extra(SocketAttribute.local_port)
+        async with listener:
+            task_status.started()
+            await listener.serve(self._connection)
+
+    async def _connection(self, client: SocketStream) -> None:
+        async with client:
+            await self.healed.wait()
+            server = await anyio.connect_tcp("127.0.0.1", self.upstream)
+            async with server, anyio.create_task_group() as tg:
+                tg.start_soon(self._pump, client, server, tg.cancel_scope)
+                await self._pump(server, client, tg.cancel_scope)
+
+    async def _pump(self, src: SocketStream, dst: SocketStream, scope: anyio.CancelScope) -> None:
+        try:
+            async for data in src:
+                await self.healed.wait()
+                await dst.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        scope.cancel()
+
+
+async def test_a_teammate_waits_out_a_partition(
+    redis_server: RedisServer, retries: Callable[[str], _Retries]
+) -> None:
+    seen = retries("read the budget ledger")
+    partition = _Partition(redis_server.port)
+    async with anyio.create_task_group() as tg:
+        await tg.start(partition.serve)
+        proxied = RedisServer(redis_server.directory)
+        proxied.port = partition.port  # (only its url() is used)
+        await _ask_through(proxied, seen, partition.cut, partition.heal)
+        tg.cancel_scope.cancel()
 
 
 async def test_ride_out_lets_the_last_error_through_after_the_tolerance() -> None:
