@@ -259,10 +259,15 @@ async def _line(proc: subprocess.Popen[bytes], *words: str, seen: list[str]) -> 
 
 
 async def _task_through_outage(
-    server: RedisServer, tmp_path: Path, *extra: str, waited: tuple[str, ...]
+    server: RedisServer,
+    tmp_path: Path,
+    *extra: str,
+    waited: tuple[str, ...],
+    kill: bool = False,
 ) -> tuple[dict[str, object], list[str]]:
-    """Ask the run-agent teammate a task, pause the server while its tool holds, resume it once
-    the child's stderr shows `waited`; the task's answer and what the child wrote."""
+    """Ask the run-agent teammate a task, pause the server (or kill it) while its tool holds,
+    resume it (or start it again on its log) once the child's stderr shows `waited`; the
+    task's answer and what the child wrote."""
     url = server.url() + f"&socket_timeout={SOCKET_TIMEOUT}&socket_connect_timeout=1"
     seen: list[str] = []
     async with Mailboxes(_store_at(url), members=["lead", "w"], store_outage=60) as mail:
@@ -275,10 +280,10 @@ async def _task_through_outage(
                 while not (tmp_path / "holding").exists():
                     assert proc.poll() is None
                     await anyio.sleep(0.02)
-                server.pause()
+                server.kill() if kill else server.pause()
                 (tmp_path / "go").touch()
                 await _line(proc, *waited, seen=seen)
-                server.resume()
+                server.start() if kill else server.resume()
                 while True:
                     answer = await inbox.receive(timeout=40)
                     await inbox.ack(answer)
@@ -308,6 +313,17 @@ async def test_a_run_agent_teammate_waits_out_a_paused_server(
 ) -> None:
     body, seen = await _task_through_outage(
         redis_server, tmp_path, waited=("waiting out the outage", "budget ledger")
+    )
+    assert body["answer"] == "answered after the outage"
+    printed = "".join(seen)
+    assert "crashed" not in printed and "reconnecting" not in printed
+
+
+async def test_a_run_agent_teammate_waits_out_a_server_killed_and_restarted_on_its_log(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    body, seen = await _task_through_outage(
+        redis_server, tmp_path, waited=("waiting out the outage", "budget ledger"), kill=True
     )
     assert body["answer"] == "answered after the outage"
     printed = "".join(seen)
