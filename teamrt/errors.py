@@ -19,6 +19,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     │   ├── DiskFull                         ENOSPC/EFBIG; the inbox was rolled back
     │   ├── DurabilityError                  fsync failed: the send is NOT acknowledged
     │   ├── StoreUnavailable                 a network store was not reached: not sent
+    │   │   └── StoreOutage                  out of reach longer than the outage tolerance
     │   ├── OutcomeUnknown                   a network store did not answer: maybe sent
     │   ├── StoreAuthFailed                  a network store refused the credentials, or wants some
     │   ├── LeaseLost                        this holder's lease expired and was taken over
@@ -130,6 +131,13 @@ class StoreAuthFailed(StoreError):
     """A network store's server refused the locator's credentials (a wrong password or user
     name, a disabled user), or requires a password and the locator gives none: nothing was done.
     Trying again does not help; the locator's credentials must change."""
+
+
+class StoreOutage(StoreUnavailable):
+    """A network store stayed out of reach for longer than the outage tolerance
+    (`store_outage`, 30 s unless set): the work that needed it stopped. Not a crash: the
+    member's state is in its journal, and a new incarnation resumes from it once the store is
+    back (`teamrt run-agent` reconnects by itself)."""
 
 
 class LeaseLost(StoreError):

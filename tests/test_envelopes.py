@@ -145,6 +145,7 @@ def test_public_surface_is_pinned() -> None:
         "Store",
         "StoreAuthFailed",
         "StoreError",
+        "StoreOutage",
         "StoreUnavailable",
         "TeamView",
         "TeamrtError",

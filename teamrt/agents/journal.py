@@ -237,8 +237,9 @@ class Journal:
 
     def incident(self, kind: str, detail: str) -> None:
         """Record what ended an incarnation from outside the loop (`crash`: an exception;
-        `cancel`: stopped by the team, at a shutdown deadline or as hung), so that the agent's
-        files say what happened; replaying the journal skips these lines."""
+        `cancel`: stopped by the team, at a shutdown deadline or as hung; `outage`: stopped by a
+        store outage longer than the tolerance), so that the agent's files say what happened;
+        replaying the journal skips these lines."""
         if self.path.exists():
             _append_line(self.path, {"t": kind, "ts": time.time(), "detail": detail})
 

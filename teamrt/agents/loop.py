@@ -695,10 +695,13 @@ class Agent:
             injected = await self._step_boundary(state) if self.inbound is not None else []
             if state.stop is not None:
                 break
+            # the boundary may have waited: another member's spend may have landed meanwhile
+            if self.inbound is not None and not await self._within_budget(state):
+                break
             replaced = self.memory.over_budget(
                 state.context_tokens
             ) and await self._compact_in_time(state)
-            if state.stop is not None:
+            if state.stop is not None or (replaced and not await self._within_budget(state)):
                 break
             reply = await self._call_model(state, specs, output)
             if reply is None:
@@ -730,6 +733,18 @@ class Agent:
         if self.journal is not None and state.stop is not None and state.stop.reason != "shutdown":
             self.journal.stop(state)  # a shutdown leaves the task open: the next one resumes it
         return self._report(state)
+
+    async def _within_budget(self, state: AgentState) -> bool:
+        """Read the shared budget again just before a model call starts (a call must not start
+        once any member's spend has used it up); False, with the stop made, if it is spent."""
+        if self.budget is None:
+            return True
+        try:
+            await self.budget.check()
+        except LimitExceeded as exc:
+            self._stop_at_limit(state, exc)
+            return False
+        return True
 
     async def _step_boundary(self, state: AgentState) -> list[ChatMessage]:
         """Messages that arrived during the last step (the inbound hook's), added to the

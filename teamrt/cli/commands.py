@@ -8,16 +8,13 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from teamrt.cli.send import team_at, team_dir
 from teamrt.errors import TeamrtError, UsageError
-from teamrt.mail import open_mailboxes, open_view
-from teamrt.mail.locator import is_url, redacted, with_team
+from teamrt.mail import open_view
+from teamrt.mail.locator import is_url, with_team
 from teamrt.names import validate_name
 from teamrt.specs import load_object
 
@@ -287,51 +284,11 @@ async def soak(args: argparse.Namespace) -> int:
 
 
 async def run_agent(args: argparse.Namespace) -> int:
-    from teamrt.team import Team, TeamBudget
+    from teamrt.cli.run_agent import run_agent as serve
 
     args.dir = team_at(args.dir)
     validate_name(args.name, what="member name (--name)")
-    teammate = load_teammate(args.spec)
-    if teammate.name != args.name:
-        teammate = dataclasses.replace(teammate, name=args.name)
-    async with open_mailboxes(args.dir, create=False) as mail:
-        roster = await mail.members_now()
-        if args.name not in roster and not args.join:
-            raise UsageError(
-                f"{args.name!r} is not a member of {redacted(args.dir)} "
-                f"(members: {', '.join(roster) or 'none'}); check the spelling, or pass --join "
-                "to add it"
-            )
-        team = Team(
-            mail,
-            [teammate],
-            lead=args.lead,
-            agent_dir=_agent_dir(args),
-            budget=await TeamBudget.follow(mail.store),  # the lead's budget, shared
-            lead_here=False,
-        )
-        async with team:
-            print(
-                f"{args.name}: running as incarnation {team.status[args.name].incarnation} "
-                f"(pid {os.getpid()}) in {redacted(args.dir)}",
-                flush=True,
-            )
-            async with anyio.create_task_group() as waiting:  # until it stops, or a signal
-
-                async def stop_on_signal() -> None:
-                    await args.stop.wait()
-                    waiting.cancel_scope.cancel()
-
-                waiting.start_soon(stop_on_signal)
-                await team.wait()
-                waiting.cancel_scope.cancel()
-        # leaving the team's block asked the teammate to stop after its step
-        status = team.status[args.name]
-    if status.state == "crashed":
-        print(f"{args.name}: {status.last}", file=sys.stderr, flush=True)
-        return 1
-    print(f"{args.name}: stopped", flush=True)
-    return 0
+    return await serve(args, load_teammate(args.spec), _agent_dir(args))
 
 
 def _agent_dir(args: argparse.Namespace) -> Path:

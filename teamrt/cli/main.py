@@ -16,8 +16,16 @@ from teamrt import __version__
 from teamrt.cli import commands as cmd
 from teamrt.cli import fork as fork_command
 from teamrt.cli.eval import add_eval_command
-from teamrt.cli.runner import Parser, configure_logging, execute, positive_int, seconds
+from teamrt.cli.runner import (
+    EXIT_OUTAGE,
+    Parser,
+    configure_logging,
+    execute,
+    positive_int,
+    seconds,
+)
 from teamrt.cli.send import send as send_command
+from teamrt.mail.outage import DEFAULT_STORE_OUTAGE
 
 DESCRIPTION = """\
 teamrt: an asyncio multi-agent runtime with durable, file-backed mailboxes.
@@ -319,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
         "The spec names a Teammate (or a function returning one) as module:object. A member "
         "name runs in at most one process at a time, and must be in the team's roster (--join "
         "adds it). The teammate draws on the budget the team's lead published, enforces the "
-        "deadline of the shutdown request it gets, and exits with 1 if it crashed for good.",
+        "deadline of the shutdown request it gets, waits out store outages (reconnecting after "
+        "a long one), and exits with 1 if it crashed for good.",
     )
     run_agent.add_argument("dir", nargs="?", help=TEAM_HELP)
     run_agent.add_argument(
@@ -332,6 +341,21 @@ def build_parser() -> argparse.ArgumentParser:
     run_agent.add_argument("--lead", default="lead", help="who gets idle and crash notices")
     run_agent.add_argument(
         "--join", action="store_true", help="add the name to the team's roster if it is not there"
+    )
+    run_agent.add_argument(
+        "--store-outage",
+        type=seconds,
+        default=DEFAULT_STORE_OUTAGE,
+        metavar="SECONDS",
+        help="how long the teammate waits out a network store that cannot be reached, keeping "
+        "its incarnation (default: %(default)g); after a longer outage it reconnects and "
+        "resumes its task from the journal",
+    )
+    run_agent.add_argument(
+        "--exit-on-outage",
+        action="store_true",
+        help=f"exit with {EXIT_OUTAGE} after an outage longer than --store-outage instead of "
+        "reconnecting (for a supervisor that restarts it)",
     )
     run_agent.set_defaults(run=cmd.run_agent, graceful=True)
 

@@ -23,6 +23,10 @@ from teamrt.errors import TeamrtError, UsageError
 
 log = logging.getLogger("teamrt.cli")
 
+#: The exit code of `teamrt run-agent --exit-on-outage` stopped by a store outage longer than
+#: its tolerance (EX_TEMPFAIL: a supervisor may start it again later).
+EXIT_OUTAGE = 75
+
 
 def seconds(text: str) -> float:
     """An argparse type: a positive, finite number of seconds."""

@@ -32,6 +32,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Self
 
 import anyio
@@ -530,11 +531,16 @@ class Inbox:
     async def _commit(self) -> None:
         if self._routed:
             self._settle()
-        reader = self._reading
+        reader, mail = self._reading, self._mailboxes
         while self._to_quarantine:  # recorded before the cursor that passes them
-            await reader.quarantine(self._to_quarantine[0])
+            await mail.riding_out(
+                partial(reader.quarantine, self._to_quarantine[0]),
+                f"quarantine a record of {self.name}'s inbox",
+            )
             del self._to_quarantine[0]
-        await reader.commit(self._tracker.cursor())
+        # the same cursor again is harmless, and a lost lease (LeaseLost) is final at once
+        cursor = self._tracker.cursor()
+        await mail.riding_out(lambda: reader.commit(cursor), f"commit {self.name}'s cursor")
 
     def _unread(self) -> bool:
         """False when a read now would find nothing: the last read took all there was (the

@@ -62,6 +62,7 @@ from teamrt.errors import (
 from teamrt.mail import claims
 from teamrt.mail.inbox import Inbox, InboxStatistics, _Reply, deadline_after
 from teamrt.mail.log import decode_line
+from teamrt.mail.outage import DEFAULT_STORE_OUTAGE, ride_out
 from teamrt.mail.signing import Signer, team_key
 from teamrt.mail.store import HEARTBEAT_INTERVAL, Store, run_local
 
@@ -89,8 +90,8 @@ _POLL_INTERVAL = 0.05  # where the platform has no file notifications
 #: beyond it, those the store reports as possibly written, plus `RESCAN_SWEEP` more in turn.
 RESCAN_EACH_UP_TO = 64
 RESCAN_SWEEP = 16
-#: How long `send` keeps retrying an append that a network store could not complete (not
-#: reached, or no answer) before it raises; backoff from 50 ms up to 1 s between tries.
+#: How long `send` kept retrying an append by default, before `store_outage` covered sends too
+#: (kept for callers that import it; `send_retry=None` now means `store_outage`).
 DEFAULT_SEND_RETRY = 10.0
 
 
@@ -102,8 +103,11 @@ class Mailboxes:
     """Every inbox of one team, over a store. Use as an async context manager.
 
     `open_mailboxes(locator)` (a directory or a store URL), `FileMailboxes` and
-    `MemoryMailboxes` are the usual ways to make one. `send_retry`: how long a send keeps
-    retrying an append that a network store could not complete before it raises.
+    `MemoryMailboxes` are the usual ways to make one. `store_outage`: how long (s) every
+    store call made through these mailboxes (sends, cursor commits, reads, lease renewals, and
+    the team's ledger and leases) waits out a network store that cannot be reached or does not
+    answer, before the error goes through (`teamrt.mail.outage.ride_out`). `send_retry`: the
+    same for sends alone, when they should give up sooner (default: `store_outage`).
     """
 
     def __init__(
@@ -114,9 +118,11 @@ class Mailboxes:
         rescan_interval: float = DEFAULT_RESCAN_INTERVAL,
         commit_delay: float = DEFAULT_COMMIT_DELAY,
         key: str | bytes | None = None,
-        send_retry: float = DEFAULT_SEND_RETRY,
+        send_retry: float | None = None,
+        store_outage: float = DEFAULT_STORE_OUTAGE,
     ) -> None:
         self.store = store
+        self.store_outage = store_outage
         self._send_retry = send_retry
         secret = team_key(key)
         self._signer = None if secret is None else Signer(secret)
@@ -330,21 +336,16 @@ class Mailboxes:
             await self._retrying(recipient, lambda: self.store.append_many(recipient, encoded))
 
     async def _retrying(self, to: str, append: Callable[[], Awaitable[T]]) -> T:
-        """`append()`, retried for up to `send_retry` seconds when a network store could not
-        complete it: not reached (`StoreUnavailable`: nothing was sent) or not answered
-        (`OutcomeUnknown`: maybe sent; the same bytes again are dropped by the receiver as a
-        duplicate id). Other errors are final at once."""
-        give_up = time.monotonic() + self._send_retry
-        delay = 0.05
-        while True:
-            try:
-                return await append()
-            except (StoreUnavailable, OutcomeUnknown) as exc:
-                if time.monotonic() + delay > give_up:
-                    raise
-                log.warning("send to %s: %s; trying again in %.2fs", to, exc, delay)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        """`append()`, with an outage waited out for `send_retry` seconds: not reached
+        (`StoreUnavailable`: nothing was sent) or not answered (`OutcomeUnknown`: maybe sent;
+        the same bytes again are dropped by the receiver as a duplicate id)."""
+        retry = self.store_outage if self._send_retry is None else self._send_retry
+        return await ride_out(append, f"send to {to}", retry)
+
+    async def riding_out(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """`call()` (a store call safe to repeat), with an outage waited out for
+        `store_outage` seconds (see `teamrt.mail.outage`)."""
+        return await ride_out(call, what, self.store_outage)
 
     async def _broadcast(self, envelope: Broadcast, encoded: bytes) -> None:
         """Append to every member's inbox but the sender's: in one step on a store with

@@ -16,6 +16,7 @@ from teamrt.agents.memory import Memory
 from teamrt.agents.output import FINAL_TOOL, OutputType
 from teamrt.agents.tools import Tool
 from teamrt.errors import LimitExceeded, UsageError
+from teamrt.mail.outage import DEFAULT_STORE_OUTAGE, ride_out
 from teamrt.mail.store import Store, run_local
 from teamrt.models.base import Model, Usage
 
@@ -135,8 +136,12 @@ class TeamBudget:
     A `Team` publishes its budget in the team's store (`budget.json` in a team directory), so
     members run by other processes (`teamrt run-agent`, which follows it with
     `TeamBudget.follow`) draw on the same ledger: spend is added under the store's lock and
-    every check reads what all processes spent. The wall-clock deadline is a point in time
-    in the ledger, the same for every process.
+    every check reads what all processes spent, just before each model call starts (so a
+    call never starts once a recorded spend used the budget up; calls already running when
+    it runs out finish, and are charged). Spend charged before the ledger is published
+    (`charge` on a budget no team has used yet, or spend in another store) is carried into
+    it. The wall-clock deadline is a point in time in the ledger, the same for every process.
+    Reads and charges wait out a store outage for `store_outage` seconds (the team's).
     """
 
     def __init__(
@@ -154,6 +159,21 @@ class TeamBudget:
         self._started = anyio.current_time() if deadline is not None else 0.0
         self._deadline_at: float | None = None  # wall clock, once published or followed
         self._store: Store | None = None
+        self.store_outage = DEFAULT_STORE_OUTAGE
+
+    async def _read(self) -> dict[str, Any] | None:
+        store = self._store
+        assert store is not None
+        return await ride_out(store.ledger_read, "read the budget ledger", self.store_outage)
+
+    async def _update(
+        self, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]
+    ) -> dict[str, Any] | None:
+        store = self._store
+        assert store is not None
+        return await ride_out(
+            lambda: store.ledger_update(change), "update the budget ledger", self.store_outage
+        )
 
     @property
     def usage(self) -> Usage:
@@ -176,23 +196,30 @@ class TeamBudget:
     async def refresh(self) -> None:
         """Read the team's ledger now (spend by every process)."""
         if self._store is not None:
-            self._sync(await self._store.ledger_read())
+            self._sync(await self._read())
 
     @property
     def limited(self) -> bool:
         return any(v is not None for v in (self.max_tokens, self.max_cost, self.deadline))
 
     @classmethod
-    async def follow(cls, store: Store) -> TeamBudget:
+    async def follow(
+        cls, store: Store, *, store_outage: float = DEFAULT_STORE_OUTAGE
+    ) -> TeamBudget:
         """The budget the team's lead published in `store` (limits and spend), for a member run
-        by another process; no limits while none is published."""
+        by another process; no limits while none is published (each check reads it again)."""
         budget = cls()
-        budget._store = store
-        budget._sync(await store.ledger_read())
+        budget._store, budget.store_outage = store, store_outage
+        budget._sync(await budget._read())
         return budget
 
-    async def publish(self, store: Store) -> None:
-        """Make this the team's ledger in `store`, shared by every process; spend starts at 0."""
+    async def publish(self, store: Store, *, store_outage: float | None = None) -> None:
+        """Make this the team's ledger in `store`, shared by every process, starting from what
+        this budget has spent so far (charged before, or in the store it was published in)."""
+        if store_outage is not None:
+            self.store_outage = store_outage
+        if self._store is not None and self._store is not store:
+            self._sync(await self._read())  # what was spent there is spent
         self._store = store
         self._deadline_at = time.time() + self.deadline if self.deadline is not None else None
         ledger = {
@@ -201,12 +228,12 @@ class TeamBudget:
             "deadline": self.deadline,
             "deadline_at": self._deadline_at,
             "unpriced": self.unpriced,
-            "requests": 0,
-            "input_tokens": 0,
-            "output_tokens": 0,
-            "cost": 0.0,
+            "requests": self._usage.requests,
+            "input_tokens": self._usage.input_tokens,
+            "output_tokens": self._usage.output_tokens,
+            "cost": self._cost,
         }
-        self._sync(await store.ledger_update(lambda _old: ledger))
+        self._sync(await self._update(lambda _old: ledger))
 
     def _sync(self, ledger: dict[str, Any] | None) -> None:
         if not ledger:  # none published (or the lead runs without one): no limits
@@ -224,7 +251,7 @@ class TeamBudget:
     async def check(self) -> None:
         """Raise `LimitExceeded` if the team's budget is spent (read from the ledger)."""
         if self._store is not None:
-            self._sync(await self._store.ledger_read())
+            self._sync(await self._read())
         if self.max_tokens is not None and self._usage.total_tokens >= self.max_tokens:
             raise LimitExceeded(
                 "team_max_tokens",
@@ -275,7 +302,7 @@ class TeamBudget:
                 "cost": float(ledger.get("cost", 0.0)) + (cost or 0.0),
             }
 
-        self._sync(await self._store.ledger_update(add))
+        self._sync(await self._update(add))
 
 
 MemberState = Literal["starting", "idle", "working", "restarting", "stopped", "crashed"]
@@ -297,3 +324,4 @@ class MemberStatus:
     text: str = ""  # the end of what the model is writing now (with `Teammate(stream=True)`)
     tokens: int = 0  # spent by this member's tasks and rounds so far
     cost: float = 0.0
+    outage: str = ""  # the store outage that stopped it (longer than the tolerance), if one did

@@ -40,12 +40,16 @@ from teamrt.errors import (
     Deadlock,
     InvalidOutput,
     MailboxClosed,
+    OutcomeUnknown,
     OutputError,
     ReceiveTimeout,
+    StoreOutage,
+    StoreUnavailable,
     TeammateGone,
     UsageError,
 )
 from teamrt.mail.mailboxes import Mailboxes
+from teamrt.mail.outage import outage_of
 from teamrt.mail.store import Lease
 from teamrt.team.config import MemberStatus, TeamBudget, Teammate
 from teamrt.team.lead import Handler, LeadServer, ask_once, keyed_id
@@ -84,6 +88,11 @@ class Team:
     team asks them like any member and sends them a shutdown request when it shuts down.
     `prices` (model name to USD per million input and output tokens) apply to every member; a
     teammate's own win.
+    `store_outage`: how long (s) a network store that cannot be reached is waited out, by the
+    lead and every teammate here, keeping each incarnation (it sets the mailboxes'; default
+    theirs, 30 s). A longer outage stops the teammates it hit, each with a `StoreOutage` in
+    `status[name].outage` (never reported as a crash): a new `Team` resumes their tasks from
+    their journals (`teamrt run-agent` reconnects by itself).
     """
 
     def __init__(
@@ -100,8 +109,13 @@ class Team:
         prices: dict[str, tuple[float, float]] | None = None,
         lead_here: bool = True,
         on_request: Handler | None = None,
+        store_outage: float | None = None,
     ) -> None:
         self.mail = mail
+        if store_outage is not None:
+            if not store_outage >= 0:
+                raise UsageError(f"store_outage must be a number of seconds, not {store_outage!r}")
+            mail.store_outage = store_outage
         self.teammates: dict[str, Teammate] = {}
         self.pools: dict[str, tuple[str, ...]] = {}  # role -> its replicas' member names
         for teammate in teammates:
@@ -172,10 +186,17 @@ class Team:
         return self
 
     async def _start(self) -> None:
-        if self.budget is not None and self.budget._store is None:
-            await self.budget.publish(self.mail.store)  # every process of the team draws on it
-        elif self.budget is None and self.lead_here:
-            await self.mail.store.ledger_update(lambda old: {} if old else None)  # none
+        budget, store = self.budget, self.mail.store
+        if budget is not None and budget._store is not store:
+            # every process of the team draws on it, from what it has spent already
+            await budget.publish(store, store_outage=self.mail.store_outage)
+        elif budget is not None:
+            budget.store_outage = self.mail.store_outage
+        elif self.lead_here:
+            await self.mail.riding_out(
+                lambda: store.ledger_update(lambda old: {} if old else None),  # none
+                "clear the budget ledger",
+            )
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -597,7 +618,10 @@ class Team:
                     status.restarts += 1
         finally:
             if lease is not None:
-                await lease.release()
+                try:
+                    await lease.release()
+                except (StoreUnavailable, OutcomeUnknown) as exc:  # it expires by itself
+                    log.warning("%s's lease was not released: %s", teammate.name, exc)
         if status.state not in ("stopped", "crashed"):
             status.state = "stopped"
 
@@ -668,6 +692,11 @@ class Team:
             if crash is None:
                 status.state = "stopped"
                 return True
+            outage = outage_of(crash, self.mail.store_outage)
+            if outage is not None:  # the store's fault, not the teammate's: no crash report
+                self._stopped_by(runner, outage)
+                ready()
+                return True
             restarting = policy.on_failure and status.restarts < policy.max_restarts
             await runner.report_crash(crash, restarting)
             status.state = "restarting" if restarting else "crashed"
@@ -682,6 +711,16 @@ class Team:
             status.state = "stopped"  # the team is shutting down: no new incarnation
             return True
         return False
+
+    def _stopped_by(self, runner: Runner, outage: StoreOutage) -> None:
+        """The stop report of an incarnation that outlasted the store's outage tolerance: its
+        task stays unanswered and unacked, for the next incarnation to resume."""
+        status = runner.status
+        status.state, status.outage = "stopped", str(outage)
+        status.last = f"stopped by a store outage: {outage}"
+        log.warning("%s (incarnation %s) stopped: %s; its task is resumed from the journal by "
+                    "the next incarnation", runner.name, runner.incarnation, outage)  # fmt: skip
+        runner.record("outage", str(outage))
 
     async def _incarnation(self, runner: Runner, ready: Callable[[], None]) -> Exception | None:
         """Run one incarnation (its desk's listener beside it); the crash, if it crashed."""
