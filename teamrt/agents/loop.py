@@ -43,9 +43,16 @@ from teamrt.agents.journal import Journal, Transcript
 from teamrt.agents.limits import PRICES, Limits, cost_of, price_of
 from teamrt.agents.memory import Memory, context_tokens
 from teamrt.agents.output import FINAL_TOOL, Accepted, OutputType, Rejected
-from teamrt.agents.state import HANDLED_MEMORY, AgentState, OpenStep, RunReport, Stop
+from teamrt.agents.state import (
+    HANDLED_MEMORY,
+    AgentState,
+    OpenStep,
+    RunReport,
+    Stop,
+    StopReason,
+)
 from teamrt.agents.tools import Tool, Toolbox, ToolResult, cancelled_for_real
-from teamrt.errors import LimitExceeded, ModelError, StopRequested, UsageError
+from teamrt.errors import LimitExceeded, ModelError, StopRequested, TaskWithdrawn, UsageError
 from teamrt.models.base import (
     ChatMessage,
     Model,
@@ -721,8 +728,9 @@ class Agent:
             return []
         try:
             injected = await self.inbound.before_step(state)
-        except StopRequested as exc:
-            state.stop = Stop(reason="shutdown", detail=str(exc))
+        except StopRequested as exc:  # a withdrawn task ends; a shutdown leaves it to resume
+            reason: StopReason = "cancelled" if isinstance(exc, TaskWithdrawn) else "shutdown"
+            state.stop = Stop(reason=reason, detail=str(exc))
             return []
         state.messages.extend(injected)
         state.context_tokens += sum(message_tokens(m) for m in injected)
