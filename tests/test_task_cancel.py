@@ -1,6 +1,7 @@
 """Cancelling one task: a cancelled `ask` (or `team.withdraw`) drops its task if it is queued (it
 never reaches the model) and stops it at its next step boundary if it runs (answered
-`cancelled`, and the journal says so), on every store."""
+`cancelled`, and the journal says so), on every store. A running task's tool in flight is
+cancelled, as at a deadline."""
 
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ async def test_cancelling_an_ask_drops_its_queued_task(store: Store, tmp_path: P
     assert len(incidents) == 1 and "never ran" in str(incidents[0])
 
 
-async def test_cancelling_an_ask_stops_its_running_task_at_the_next_step(
+async def test_cancelling_an_ask_stops_its_running_task_cutting_its_tool_short(
     store: Store, tmp_path: Path
 ) -> None:
     worker = Worker()
@@ -137,11 +138,10 @@ async def test_cancelling_an_ask_stops_its_running_task_at_the_next_step(
             tg.start_soon(team.ask, "w", "hold")
             await worker.holding.wait()  # in its tool, during its first step
             tg.cancel_scope.cancel()
-        worker.gate.set()
-        await until(lambda: bool(cancelled_answers(team)))
+        await until(lambda: bool(cancelled_answers(team)))  # the gate never opens
         [stopped] = cancelled_answers(team)
         assert (await team.ask("w", "next", timeout=60)).answer == "done: next"
-    assert stopped.steps == 1 and "stopped at a step boundary" in stopped.detail
+    assert stopped.steps == 1 and "tools in flight were cut short" in stopped.detail
     assert worker.calls == ["hold", "next"]  # no model call after the withdrawal
     stops = [r["stop"] for r in journal(tmp_path) if r["t"] == "stop"]
     assert [s["reason"] for s in stops] == ["cancelled", "answer"]  # type: ignore[index]

@@ -393,6 +393,8 @@ class Agent:
             raise UsageError("max_parallel_tools must be at least 1")
         self._parallel = anyio.CapacityLimiter(max_parallel_tools)
         self._model_deadlines = _CallDeadlines()
+        self._in_flight: anyio.CancelScope | None = None  # the model call or tools running now
+        self._withdrawn: str | None = None  # why `interrupt` stopped the run
         self._results = _ResultIndex()
         if directory is not None:
             checkpoint = checkpoint or Path(directory) / f"{name}.state.jsonl"
@@ -642,6 +644,7 @@ class Agent:
 
     async def _drive_traced(self, state: AgentState) -> RunReport:
         self.state = state
+        self._withdrawn = None
         started, elapsed_before = self.clock(), state.elapsed
         specs = self.toolbox.specs
         output = self._structured()
@@ -690,7 +693,12 @@ class Agent:
             ) and await self._compact_in_time(state)
             if state.stop is not None:
                 break
-            reply = await self._call_model(state, specs, output)
+            with anyio.CancelScope() as self._in_flight:
+                reply = await self._call_model(state, specs, output)
+            self._in_flight = None
+            if self._withdrawn is not None:
+                state.stop = Stop(reason="cancelled", detail=self._withdrawn)
+                break
             if reply is None:
                 break
             if self.transcript is not None:
@@ -715,7 +723,11 @@ class Agent:
                 self.inbound.recorded()  # what it delivered is in the journal now
             state.open_step = open_step
             state.elapsed = elapsed()
-            await self._finish_step(state, open_step, suspends)
+            with anyio.CancelScope() as self._in_flight:
+                await self._finish_step(state, open_step, suspends)
+            if self._withdrawn is not None and state.stop is None:  # (its tools cut short)
+                state.stop = Stop(reason="cancelled", detail=self._withdrawn)
+            self._in_flight = None
         state.elapsed = elapsed()
         if self.journal is not None and state.stop is not None and state.stop.reason != "shutdown":
             self.journal.stop(state)  # a shutdown leaves the task open: the next one resumes it
@@ -779,6 +791,14 @@ class Agent:
         if self.journal is not None:
             self.journal.replace(state.messages, state.task_index)
         return True
+
+    def interrupt(self, detail: str) -> None:
+        """End the run now with stop reason `cancelled` (its task was withdrawn): the model
+        call or the tool calls in flight are cancelled, as at a deadline. Between steps it
+        has no effect: the inbound hook stops the run at the boundary instead."""
+        if self._in_flight is not None:
+            self._withdrawn = detail
+            self._in_flight.cancel()
 
     def absorb(self, usage: Usage, cost: float | None) -> None:
         """Count spend made on this agent's behalf (a sub-agent's) against its own limits

@@ -75,6 +75,7 @@ class Desk:
         on_queue: Callable[[int], None] = lambda _n: None,
         on_shutdown: Callable[[Request], None] = lambda _r: None,
         on_withdrawn: Callable[[Request, str], str] = lambda _r, who: f"{who}: never ran",
+        on_withdrawn_running: Callable[[Request, Envelope], None] = lambda _r, _w: None,
         started: float = 0.0,
     ) -> None:
         self.mail, self.me, self.incarnation = mail, me, incarnation
@@ -95,6 +96,7 @@ class Desk:
         self._on_queue, self._on_shutdown = on_queue, on_shutdown
         # called with a dropped task and who withdrew it; returns its answer's detail
         self._on_withdrawn = on_withdrawn
+        self._on_withdrawn_running = on_withdrawn_running  # a task the runner has, withdrawn
         #: task id -> its withdrawal, for tasks the runner took from the queue (held, unacked)
         self.withdrawals: dict[str, Envelope] = {}
         self.started = started  # when the team started (wall clock)
@@ -231,6 +233,7 @@ class Desk:
         if task not in self.tasks:  # the runner has it: it stops at its next step boundary
             self._held[withdrawal.id] = withdrawal
             self.withdrawals[task.id] = withdrawal
+            self._on_withdrawn_running(task, withdrawal)
             return
         self.tasks.remove(task)
         detail = self._on_withdrawn(task, f"withdrawn by {withdrawal.sender}{why}")

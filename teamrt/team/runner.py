@@ -99,6 +99,7 @@ class Runner:
             on_queue=lambda n: setattr(status, "queued", n),
             on_shutdown=lambda request: team.enforce_deadline(self.name, request),
             on_withdrawn=self._withdrawn_queued,
+            on_withdrawn_running=self._withdrawn_running,
             started=team.started,
         )
         self.agent: Agent | None = None
@@ -162,6 +163,16 @@ class Runner:
             self._forget(task.id)
         self.record("withdrawn", f"task {task.id}: {detail}")
         return detail
+
+    def _withdrawn_running(self, task: Request, withdrawal: Envelope) -> None:
+        """The task running now was withdrawn: its model call or tools in flight stop now."""
+        current, agent = self.current, self.agent
+        if current is not None and current.id == task.id and agent is not None:
+            steps = agent.state.steps if agent.state is not None else 0
+            agent.interrupt(
+                f"withdrawn by {withdrawal.sender} after {steps} model calls: the model call "
+                "or tools in flight were cut short"
+            )
 
     def _interrupted(self) -> str | None:
         state = self.state
