@@ -1,6 +1,7 @@
 """The service demo under a real server (uvicorn on 127.0.0.1): a client that disconnects
 withdraws its task, on `/ask` and `/ask/stream`: a queued task is dropped (it never reaches the
-model), a running one stops at its next step, and the team is free for the next request."""
+model), a running one is stopped in its tool, and the team is free for the next request; on
+file mailboxes and on Redis."""
 
 from __future__ import annotations
 
@@ -11,17 +12,34 @@ from pathlib import Path
 
 import anyio
 import httpx
+import pytest
 import uvicorn
 
 from teamrt.demos.service import create_app
 from teamrt.team import Team
+from tests.redis_server import RedisServer, needs_redis, shared_redis
 from tests.test_task_cancel import Worker, cancelled_answers, until
+
+__all__ = ["shared_redis"]  # the fixture
+
+
+@pytest.fixture(params=["files", pytest.param("redis", marks=needs_redis)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> str | None:
+    """The app's store: None (file mailboxes in its directory), or a team on Redis."""
+    if request.param == "files":
+        return None
+    server: RedisServer = request.getfixturevalue("shared_redis")
+    return server.url(f"service-{tmp_path.name}"[:60].replace(".", "-"))
 
 
 @asynccontextmanager
-async def served(worker: Worker, tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Team]]:
+async def served(
+    worker: Worker, tmp_path: Path, store: str | None
+) -> AsyncIterator[tuple[httpx.AsyncClient, Team]]:
     """The app around `worker` (role "w"), served by uvicorn on a free port of 127.0.0.1."""
-    app = create_app(lambda: [worker.teammate], directory=lambda: tmp_path, role="w")
+    app = create_app(
+        lambda: [worker.teammate], directory=lambda: tmp_path, role="w", store=lambda: store
+    )
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -35,9 +53,11 @@ async def served(worker: Worker, tmp_path: Path) -> AsyncIterator[tuple[httpx.As
     sock.close()
 
 
-async def test_a_disconnected_clients_task_is_withdrawn_on_ask(tmp_path: Path) -> None:
+async def test_a_disconnected_clients_task_is_withdrawn_on_ask(
+    tmp_path: Path, store: str | None
+) -> None:
     worker = Worker()
-    async with served(worker, tmp_path) as (client, team):
+    async with served(worker, tmp_path, store) as (client, team):
         async with anyio.create_task_group() as clients:
             clients.start_soon(lambda: client.post("/ask", json={"question": "hold"}))
             await worker.holding.wait()  # the first request's task runs, in its tool
@@ -55,9 +75,11 @@ async def test_a_disconnected_clients_task_is_withdrawn_on_ask(tmp_path: Path) -
     assert steps[0][0] == 0 and steps[1][0] == 1 and "cut short" in steps[1][1]
 
 
-async def test_a_disconnected_clients_task_is_withdrawn_on_ask_stream(tmp_path: Path) -> None:
+async def test_a_disconnected_clients_task_is_withdrawn_on_ask_stream(
+    tmp_path: Path, store: str | None
+) -> None:
     worker = Worker()
-    async with served(worker, tmp_path) as (client, team):
+    async with served(worker, tmp_path, store) as (client, team):
         async with client.stream("POST", "/ask/stream", json={"question": "hold"}) as events:
             async for line in events.aiter_lines():
                 if line == "event: progress":  # the tool call: the task runs
