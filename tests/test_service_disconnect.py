@@ -40,17 +40,19 @@ async def served(
     app = create_app(
         lambda: [worker.teammate], directory=lambda: tmp_path, role="w", store=lambda: store
     )
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: server.serve(sockets=[sock]))
-        await until(lambda: server.started)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            yield client, app.state.team
-        server.should_exit = True
-    sock.close()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: server.serve(sockets=[sock]))
+            await until(lambda: server.started)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                    yield client, app.state.team
+            finally:
+                server.should_exit = True
 
 
 async def test_a_disconnected_clients_task_is_withdrawn_on_ask(
