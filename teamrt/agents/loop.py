@@ -693,7 +693,7 @@ class Agent:
             ) and await self._compact_in_time(state)
             if state.stop is not None:
                 break
-            with anyio.CancelScope() as self._in_flight:
+            with self._interruptible() as self._in_flight:
                 reply = await self._call_model(state, specs, output)
             self._in_flight = None
             if self._withdrawn is not None:
@@ -723,7 +723,7 @@ class Agent:
                 self.inbound.recorded()  # what it delivered is in the journal now
             state.open_step = open_step
             state.elapsed = elapsed()
-            with anyio.CancelScope() as self._in_flight:
+            with self._interruptible() as self._in_flight:
                 await self._finish_step(state, open_step, suspends)
             if self._withdrawn is not None and state.stop is None:  # (its tools cut short)
                 state.stop = Stop(reason="cancelled", detail=self._withdrawn)
@@ -791,6 +791,11 @@ class Agent:
         if self.journal is not None:
             self.journal.replace(state.messages, state.task_index)
         return True
+
+    def _interruptible(self) -> contextlib.AbstractContextManager[anyio.CancelScope | None]:
+        """A scope `interrupt` can cancel, for an agent fed by an inbound (a teammate, whose
+        task can be withdrawn); none for another, whose caller cancels it directly."""
+        return anyio.CancelScope() if self.inbound is not None else _UNBOUNDED
 
     def interrupt(self, detail: str) -> None:
         """End the run now with stop reason `cancelled` (its task was withdrawn): the model
