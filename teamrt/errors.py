@@ -14,7 +14,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     │   └── UnknownRecipient(LookupError)    no such member in the roster
     ├── MailboxClosed(RuntimeError)          the mailboxes were used after close
     ├── MemberBusy(RuntimeError)             the member name already runs somewhere else
-    ├── TeammateGone                         asked a teammate that crashed and did not restart
+    ├── TeammateGone                         asked a teammate that is not running: withdrawn
     ├── StoreError(OSError)                  the store refused: nothing was half-written
     │   ├── DiskFull                         ENOSPC/EFBIG; the inbox was rolled back
     │   ├── DurabilityError                  fsync failed: the send is NOT acknowledged
@@ -32,6 +32,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     ├── Deadlock                             a request would close a cycle of waiting members
     ├── LimitExceeded                        an agent hit one of its limits (a clean stop)
     ├── StopRequested                        an agent was asked to stop (e.g. team shutdown)
+    │   └── TaskWithdrawn                    its task's requester withdrew it: stop `cancelled`
     ├── ToolCrashed                          a tool raised SystemExit or another BaseException
     ├── MCPServerError                       an MCP server could not be started, reached or listed
     ├── OutputError                          a typed answer was asked for and none came
@@ -97,7 +98,17 @@ class MemberBusy(TeamrtError, RuntimeError):
 
 
 class TeammateGone(TeamrtError):
-    """A task was given to a teammate that crashed and is not running any more."""
+    """A task was given to a teammate that is not running (it crashed, stopped, or its process
+    died). A task refused so is withdrawn: no later incarnation starts it. `task_id` names it;
+    `started` says whether it had started (None: not known here); one that had started stops
+    at its next step, and its late outcome (stop reason `cancelled`) reaches the lead."""
+
+    def __init__(
+        self, message: str, *, task_id: str | None = None, started: bool | None = None
+    ) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.started = started
 
 
 class StoreError(TeamrtError, OSError):
@@ -208,6 +219,11 @@ class LimitExceeded(TeamrtError):
 
 class StopRequested(TeamrtError):
     """Raised by an agent's step hook to end the run cleanly at a step boundary."""
+
+
+class TaskWithdrawn(StopRequested):
+    """Raised by an agent's step hook when its task's requester withdrew the task: the run ends
+    at the step boundary with stop reason `cancelled` (not resumed, unlike a shutdown)."""
 
 
 class Deadlock(TeamrtError):

@@ -43,7 +43,14 @@ from teamrt.agents.journal import Journal, Transcript
 from teamrt.agents.limits import PRICES, Limits, cost_of, price_of
 from teamrt.agents.memory import Memory, context_tokens
 from teamrt.agents.output import FINAL_TOOL, Accepted, OutputType, Rejected
-from teamrt.agents.state import HANDLED_MEMORY, AgentState, OpenStep, RunReport, Stop
+from teamrt.agents.state import (
+    HANDLED_MEMORY,
+    AgentState,
+    OpenStep,
+    RunReport,
+    Stop,
+    StopReason,
+)
 from teamrt.agents.tools import (
     Fence,
     Tool,
@@ -52,7 +59,7 @@ from teamrt.agents.tools import (
     _current_fence,
     cancelled_for_real,
 )
-from teamrt.errors import LimitExceeded, ModelError, StopRequested, UsageError
+from teamrt.errors import LimitExceeded, ModelError, StopRequested, TaskWithdrawn, UsageError
 from teamrt.models.base import (
     ChatMessage,
     Model,
@@ -399,6 +406,8 @@ class Agent:
             raise UsageError("max_parallel_tools must be at least 1")
         self._parallel = anyio.CapacityLimiter(max_parallel_tools)
         self._model_deadlines = _CallDeadlines()
+        self._in_flight: anyio.CancelScope | None = None  # the model call or tools running now
+        self._withdrawn: str | None = None  # why `interrupt` stopped the run
         self._results = _ResultIndex()
         if directory is not None:
             checkpoint = checkpoint or Path(directory) / f"{name}.state.jsonl"
@@ -652,6 +661,7 @@ class Agent:
 
     async def _drive_traced(self, state: AgentState) -> RunReport:
         self.state = state
+        self._withdrawn = None
         started, elapsed_before = self.clock(), state.elapsed
         specs = self.toolbox.specs
         output = self._structured()
@@ -703,7 +713,12 @@ class Agent:
             ) and await self._compact_in_time(state)
             if state.stop is not None or (replaced and not await self._within_budget(state)):
                 break
-            reply = await self._call_model(state, specs, output)
+            with self._interruptible() as self._in_flight:
+                reply = await self._call_model(state, specs, output)
+            self._in_flight = None
+            if self._withdrawn is not None:
+                state.stop = Stop(reason="cancelled", detail=self._withdrawn)
+                break
             if reply is None:
                 break
             if self.transcript is not None:
@@ -728,7 +743,11 @@ class Agent:
                 self.inbound.recorded()  # what it delivered is in the journal now
             state.open_step = open_step
             state.elapsed = elapsed()
-            await self._finish_step(state, open_step, suspends)
+            with self._interruptible() as self._in_flight:
+                await self._finish_step(state, open_step, suspends)
+            if self._withdrawn is not None and state.stop is None:  # (its tools cut short)
+                state.stop = Stop(reason="cancelled", detail=self._withdrawn)
+            self._in_flight = None
         state.elapsed = elapsed()
         if self.journal is not None and state.stop is not None and state.stop.reason != "shutdown":
             self.journal.stop(state)  # a shutdown leaves the task open: the next one resumes it
@@ -753,8 +772,9 @@ class Agent:
             return []
         try:
             injected = await self.inbound.before_step(state)
-        except StopRequested as exc:
-            state.stop = Stop(reason="shutdown", detail=str(exc))
+        except StopRequested as exc:  # a withdrawn task ends; a shutdown leaves it to resume
+            reason: StopReason = "cancelled" if isinstance(exc, TaskWithdrawn) else "shutdown"
+            state.stop = Stop(reason=reason, detail=str(exc))
             return []
         state.messages.extend(injected)
         state.context_tokens += sum(message_tokens(m) for m in injected)
@@ -803,6 +823,19 @@ class Agent:
         if self.journal is not None:
             self.journal.replace(state.messages, state.task_index)
         return True
+
+    def _interruptible(self) -> contextlib.AbstractContextManager[anyio.CancelScope | None]:
+        """A scope `interrupt` can cancel, for an agent fed by an inbound (a teammate, whose
+        task can be withdrawn); none for another, whose caller cancels it directly."""
+        return anyio.CancelScope() if self.inbound is not None else _UNBOUNDED
+
+    def interrupt(self, detail: str) -> None:
+        """End the run now with stop reason `cancelled` (its task was withdrawn): the model
+        call or the tool calls in flight are cancelled, as at a deadline. Between steps it
+        has no effect: the inbound hook stops the run at the boundary instead."""
+        if self._in_flight is not None:
+            self._withdrawn = detail
+            self._in_flight.cancel()
 
     def absorb(self, usage: Usage, cost: float | None) -> None:
         """Count spend made on this agent's behalf (a sub-agent's) against its own limits

@@ -15,7 +15,14 @@ from teamrt._assemble import assemble
 from teamrt.models.base import ChatMessage, Usage
 
 StopReason = Literal[
-    "answer", "invalid_output", "limit", "malformed_reply", "model_error", "shutdown", "truncated"
+    "answer",
+    "cancelled",
+    "invalid_output",
+    "limit",
+    "malformed_reply",
+    "model_error",
+    "shutdown",
+    "truncated",
 ]
 
 #: How many ids of handled inputs (tasks, messages) a state remembers, to drop redeliveries.

@@ -11,7 +11,9 @@ whose request to "writer" goes to the least busy writer. `POST /ask/stream` answ
 Server-Sent Events: `progress` events while the team works, then the `result`. A full queue
 answers 503 at once, a request whose deadline passed before anyone could start it answers 504,
 never worked on. A task that stopped without an answer (a model error, a limit) answers 502 with
-its stop report and an `error` line. `TEAMRT_SERVICE_MODEL=openai` runs the team on
+its stop report and an `error` line. A client that disconnects before its answer withdraws its
+task (a queued one never runs, a running one stops at its next step), so a burst of abandoned
+requests costs no work once the queue drains. `TEAMRT_SERVICE_MODEL=openai` runs the team on
 `OpenAIModel` (see `teamrt.demos.real`). `create_app()` builds the same app around any
 teammates (the benchmark uses it).
 """
@@ -21,10 +23,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TypeVar
 
+import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -35,6 +39,30 @@ from teamrt.demos.research_writer import TASK, teammates
 from teamrt.errors import RemoteError, RequestTimeout, TeamrtError
 from teamrt.mail import open_mailboxes
 from teamrt.team import BUSY, EXPIRED, TaskResult, Team, Teammate
+
+T = TypeVar("T")
+#: The status of an answer nobody receives (the client closed the connection), as nginx logs it.
+CLIENT_GONE = 499
+
+
+async def until_disconnected(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
+    """`work()`, cancelled if the client disconnects first (then None): a cancelled ask
+    withdraws its task. The request's body must have been read."""
+    done: list[T] = []
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass  # (nothing else comes once the body is read)
+            tg.cancel_scope.cancel()
+
+        async def run() -> None:
+            done.append(await work())
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        tg.start_soon(run)
+    return done[0] if done else None
 
 
 def create_app(
@@ -71,7 +99,9 @@ def create_app(
         team: Team = request.app.state.team
         try:
             timeout = float(payload.get("timeout", 60))
-            result = await team.ask(role, question, timeout=timeout)
+            result = await until_disconnected(
+                request, lambda: team.ask(role, question, timeout=timeout)
+            )
         except (TypeError, ValueError):
             return JSONResponse({"error": "'timeout' must be a number"}, status_code=400)
         except RequestTimeout as exc:
@@ -79,6 +109,8 @@ def create_app(
         except RemoteError as exc:
             status = {BUSY: 503, EXPIRED: 504}.get(exc.error_type, 502)
             return JSONResponse({"error": str(exc)}, status_code=status)
+        if result is None:  # the client left: its task is withdrawn, and nobody reads this
+            return JSONResponse({"error": "the client disconnected"}, status_code=CLIENT_GONE)
         if result.stop_reason != "answer":
             error = f"{role} stopped early ({result.stop_reason}): {result.detail}"
             return JSONResponse({**result.model_dump(), "error": error}, status_code=502)
@@ -87,7 +119,8 @@ def create_app(
     async def ask_stream(request: Request) -> Response:
         """The same task as /ask, as Server-Sent Events while it happens: `progress` events
         (text as the model writes it, tool calls and results), then one `result` event (or one
-        `error` event)."""
+        `error` event). A client that disconnects withdraws the task: Starlette cancels the
+        stream when the server reports the disconnect, which leaves `team.stream`."""
         try:
             payload = await request.json()
         except ValueError:

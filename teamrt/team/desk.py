@@ -5,9 +5,13 @@ sorts at once: a shutdown request for this incarnation is taken (and acked), a s
 a task is refused if its deadline has passed (`Expired`) or the queue is full (`Busy`), else it
 joins the task queue; everything else is conversation mail. Nothing it keeps is acked until it is
 safe: a task when its result is sent, mail when the agent's journal holds the step that showed it
-to the model. When an incarnation ends, whatever the desk still holds goes back to the inbox
-(`Inbox.release`), so the next incarnation sees it; a process that dies never acked it, so the
-next process reads it again from the committed cursor.
+to the model. A withdrawal (`task_withdrawn`, from the task's requester) comes after its task in
+the inbox: a queued task is dropped and answered `cancelled`; one already taken by the runner is
+marked (`withdrawals`), and the runner stops it at its next step boundary. A withdrawal is acked
+with its task, never before it (an ack alone could outlive the task's at a restart); one whose task
+is answered already, or never came, is acked at once. When an incarnation ends, whatever the desk
+still holds goes back to the inbox (`Inbox.release`), so the next incarnation sees it; a process
+that dies never acked it, so the next process reads it again from the committed cursor.
 
 The desk reads all the time (`listen`, a task beside the runner's, so a task that overflows
 the queue is refused at once even while the teammate works, and a shutdown is known at once), and
@@ -27,6 +31,7 @@ from collections.abc import Callable, Collection
 
 import anyio
 import anyio.lowlevel
+from pydantic import ValidationError
 
 from teamrt.envelopes import Envelope, Request
 from teamrt.errors import MailboxClosed, UsageError
@@ -35,8 +40,12 @@ from teamrt.team.protocol import (
     BUSY,
     EXPIRED,
     LATE_PROTOCOL,
+    RESULT,
     STALE_SHUTDOWN,
+    WITHDRAWN,
     ShutdownBody,
+    WithdrawBody,
+    cancelled_result,
     is_shutdown,
     is_task,
 )
@@ -65,6 +74,8 @@ class Desk:
         clock: Callable[[], float] = time.time,
         on_queue: Callable[[int], None] = lambda _n: None,
         on_shutdown: Callable[[Request], None] = lambda _r: None,
+        on_withdrawn: Callable[[Request, str], str] = lambda _r, who: f"{who}: never ran",
+        on_withdrawn_running: Callable[[Request, Envelope], None] = lambda _r, _w: None,
         started: float = 0.0,
     ) -> None:
         self.mail, self.me, self.incarnation = mail, me, incarnation
@@ -83,6 +94,11 @@ class Desk:
         self._changed = anyio.Event()  # something was sorted
         self._space = anyio.Event()  # the mail buffer has room again
         self._on_queue, self._on_shutdown = on_queue, on_shutdown
+        # called with a dropped task and who withdrew it; returns its answer's detail
+        self._on_withdrawn = on_withdrawn
+        self._on_withdrawn_running = on_withdrawn_running  # a task the runner has, withdrawn
+        #: task id -> its withdrawal, for tasks the runner took from the queue (held, unacked)
+        self.withdrawals: dict[str, Envelope] = {}
         self.started = started  # when the team started (wall clock)
         # tasks found in the inbox at start were accepted before (by an earlier incarnation) or
         # waited for one: the queue's bound applies from the moment the runner is ready
@@ -156,6 +172,8 @@ class Desk:
             await self._take_shutdown(envelope)
         elif is_task(envelope):
             await self._take_task(envelope)
+        elif envelope.type == WITHDRAWN:
+            await self._take_withdrawal(envelope)
         elif envelope.type in LATE_PROTOCOL:  # its requester stopped waiting: nobody's mail
             self.inbox.ack_nowait(envelope)
         else:
@@ -199,6 +217,39 @@ class Desk:
             return
         self._held[request.id] = request
         self.tasks.append(request)
+
+    async def _take_withdrawal(self, withdrawal: Envelope) -> None:
+        try:
+            body = WithdrawBody.model_validate(withdrawal.body)
+        except ValidationError:
+            body = None
+        task = self._held.get(body.task) if body is not None else None
+        # only its requester may withdraw a task; one not held is answered and acked already
+        if body is None or task is None or not is_task(task) or task.sender != withdrawal.sender:
+            self.inbox.ack_nowait(withdrawal)
+            return
+        why = f" ({body.reason})" if body.reason else ""
+        log.info("%s: task %s withdrawn by %s%s", self.me, task.id, withdrawal.sender, why)
+        if task not in self.tasks:  # the runner has it: it stops at its next step boundary
+            self._held[withdrawal.id] = withdrawal
+            self.withdrawals[task.id] = withdrawal
+            self._on_withdrawn_running(task, withdrawal)
+            return
+        self.tasks.remove(task)
+        detail = self._on_withdrawn(task, f"withdrawn by {withdrawal.sender}{why}")
+        await self.answer_withdrawn(task, withdrawal, detail)
+
+    async def answer_withdrawn(self, task: Request, withdrawal: Envelope, detail: str) -> None:
+        """Answer a withdrawn task that will not run with stop reason `cancelled`, then ack it
+        together with its withdrawal."""
+        result = cancelled_result(detail, task.trace_id)
+        await self.mail.send(Envelope.response(task, result, type=RESULT))
+        self.withdrawals[task.id] = withdrawal  # done() acks the two together
+        self.done(task)
+
+    def withdrawal(self, task_id: str) -> Envelope | None:
+        """The withdrawal of a task the runner holds, if its requester withdrew it."""
+        return self.withdrawals.get(task_id)
 
     async def refuse_if_expired(self, request: Request) -> bool:
         """Answer `Expired` (and ack) if the request's deadline has passed."""
@@ -256,9 +307,14 @@ class Desk:
             self._ack(*shown)
 
     def done(self, request: Request) -> None:
-        """A task is answered (or refused): ack it."""
+        """A task is answered (or refused): ack it, with its withdrawal if there is one."""
         self._held.pop(request.id, None)
-        self._ack(request)
+        withdrawal = self.withdrawals.pop(request.id, None)
+        if withdrawal is None:
+            self._ack(request)
+            return
+        self._held.pop(withdrawal.id, None)
+        self._ack(request, withdrawal)
 
     def _ack(self, *envelopes: Envelope) -> None:
         # closed: the process is going down, and unacked means delivered again, never lost
@@ -271,6 +327,7 @@ class Desk:
         """Hand everything held and not acked back to the inbox, in arrival order."""
         held, self._held = list(self._held.values()), {}
         self.tasks.clear()
+        self.withdrawals.clear()
         self.letters.clear()
         self._shown.clear()
         # closed: the next process reads them again from the committed cursor

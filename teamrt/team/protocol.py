@@ -4,6 +4,13 @@ A task is any request that is not one of the protocol's own (a `shutdown_request
 `plan_approval`): the teammate works on it and answers with a `task_result`. Errors travel as
 error responses whose `error` names what happened: `Expired` (the request's deadline passed before
 the teammate could start it), `Busy` (its queue is full), `TeammateCrashed`, `StaleShutdown`.
+
+A task's requester that stops waiting for it (it was refused with `TeammateGone` or
+`TeammateCrashed`, or the ask was cancelled) withdraws it with a `task_withdrawn` message naming
+the task. It lands in the inbox after the task, so whichever incarnation reads it (in any process)
+has read the task first: a queued task is dropped, a running one stops at its next step boundary,
+and either is answered with stop reason `cancelled`. The withdrawal is acked together with its
+task, never alone, so a restart never keeps one and loses the other.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ IDLE = "idle"
 CRASHED = "teammate_crashed"
 PLAN_APPROVAL = "plan_approval"
 PLAN_DECISION = "plan_decision"
+WITHDRAWN = "task_withdrawn"  # the requester stopped waiting: the task must not run (any more)
 PROTOCOL_TYPES = (SHUTDOWN,)  # delivered before anything else at a step boundary
 #: Requests that are not tasks: the runner answers them itself (or, for plans, the lead).
 CONTROL_TYPES = frozenset({SHUTDOWN, PLAN_APPROVAL})
@@ -37,6 +45,10 @@ EXPIRED = "Expired"
 BUSY = "Busy"
 TEAMMATE_CRASHED = "TeammateCrashed"
 STALE_SHUTDOWN = "StaleShutdown"
+
+#: The stop reason of a task withdrawn by its requester (dropped from the queue, or stopped at
+#: a step boundary).
+CANCELLED = "cancelled"
 
 
 class TaskResult(BaseModel):
@@ -90,6 +102,13 @@ class IdleBody(BaseModel):
     last: TaskResult | None = None
 
 
+class WithdrawBody(BaseModel):
+    """The body of a `task_withdrawn` message: the task its requester stopped waiting for."""
+
+    task: str  # the id of the task request
+    reason: str = ""  # why: "cancelled", or the refusal the requester got
+
+
 class CrashBody(BaseModel):
     member: str
     incarnation: str
@@ -102,6 +121,7 @@ register_payload(PROGRESS, ProgressBody)
 register_payload(SHUTDOWN, ShutdownBody)
 register_payload(IDLE, IdleBody)
 register_payload(CRASHED, CrashBody)
+register_payload(WITHDRAWN, WithdrawBody)
 register_payload(PLAN_APPROVAL, PlanBody)
 register_payload(PLAN_DECISION, DecisionBody)
 
@@ -111,6 +131,27 @@ Approver = Callable[[str, str], Awaitable[tuple[bool, str]]]
 
 def is_shutdown(envelope: Envelope) -> TypeGuard[Request]:
     return envelope.type == SHUTDOWN and isinstance(envelope, Request)
+
+
+def withdrawn(task: Request, reason: str) -> Envelope:
+    """The message that withdraws `task`, from its requester to the member asked."""
+    return Envelope.message(
+        task.sender, task.recipient, WithdrawBody(task=task.id, reason=reason), type=WITHDRAWN
+    )
+
+
+def cancelled_result(detail: str, trace_id: str | None) -> TaskResult:
+    """The answer of a withdrawn task that never started (or was not resumed)."""
+    return TaskResult(
+        answer=None,
+        stop_reason=CANCELLED,
+        detail=detail,
+        steps=0,
+        tool_calls=0,
+        tokens=0,
+        cost=None,
+        trace_id=trace_id,
+    )
 
 
 def is_task(envelope: Envelope) -> TypeGuard[Request]:

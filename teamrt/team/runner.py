@@ -7,7 +7,9 @@ the teammate starts a round in which the model reads it; otherwise the runner wa
 no CPU cost. At every step boundary the agent takes in what arrived meanwhile through the runner
 (`Inbound`): a shutdown ends the run there, new tasks are queued, and mail reaches the model in
 bounded batches. A task interrupted by a shutdown, a crash or a kill is not answered: the next
-incarnation finds it in its journal and resumes it from its last completed step.
+incarnation finds it in its journal and resumes it from its last completed step. A task its
+requester withdrew (`task_withdrawn`) is never started or resumed after the desk read the
+withdrawal; one running stops at its next step boundary, answered with stop reason `cancelled`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ from teamrt.agents.messaging import messaging_tools
 from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool, tool
 from teamrt.envelopes import Envelope, Request, current_trace, new_id, tracing
-from teamrt.errors import BlobTooLarge, StopRequested, StoreError, TeamrtError, UsageError
+from teamrt.errors import (
+    BlobTooLarge,
+    StopRequested,
+    StoreError,
+    TaskWithdrawn,
+    TeamrtError,
+    UsageError,
+)
 from teamrt.models.base import ChatMessage, Model, TextDelta, Usage
 from teamrt.team.config import MemberStatus, Teammate
 from teamrt.team.desk import Desk
@@ -96,6 +105,8 @@ class Runner:
             seen=self._seen.__contains__,
             on_queue=lambda n: setattr(status, "queued", n),
             on_shutdown=lambda request: team.enforce_deadline(self.name, request),
+            on_withdrawn=self._withdrawn_queued,
+            on_withdrawn_running=self._withdrawn_running,
             started=team.started,
         )
         self.agent: Agent | None = None
@@ -149,6 +160,27 @@ class Runner:
             )
         )
 
+    def _withdrawn_queued(self, task: Request, who: str) -> str:
+        """The desk dropped a withdrawn task from the queue: one an earlier incarnation had
+        started is not resumed. Returns the detail its `cancelled` answer gives."""
+        state = self.agent.state if self.agent is not None else self.state
+        detail = f"{who} before it started: never ran"
+        if state is not None and state.task_id == task.id and state.stop is None:
+            detail = f"{who} after {state.steps} steps (cut short by a restart): not resumed"
+            self._forget(task.id)
+        self.record("withdrawn", f"task {task.id}: {detail}")
+        return detail
+
+    def _withdrawn_running(self, task: Request, withdrawal: Envelope) -> None:
+        """The task running now was withdrawn: its model call or tools in flight stop now."""
+        current, agent = self.current, self.agent
+        if current is not None and current.id == task.id and agent is not None:
+            steps = agent.state.steps if agent.state is not None else 0
+            agent.interrupt(
+                f"withdrawn by {withdrawal.sender} after {steps} model calls: the model call "
+                "or tools in flight were cut short"
+            )
+
     def _interrupted(self) -> str | None:
         state = self.state
         if state is None or state.stop is not None or state.task_id is None:
@@ -182,6 +214,12 @@ class Runner:
             return
         # a fresh check with the store (a paused process's flags are stale): LeaseLost if lost
         await self.mail.store.fence(self.name).check()
+        withdrawal = self.desk.withdrawal(request.id)
+        if withdrawal is not None:  # withdrawn after it left the queue, before it started
+            detail = f"withdrawn by {withdrawal.sender} before it started: never ran"
+            await self.desk.answer_withdrawn(request, withdrawal, detail)
+            self.record("withdrawn", f"task {request.id}: {detail}")
+            return
         self.current = request
         self.status.state = "working"
         self.status.last = f"task {request.id} from {request.sender}"
@@ -329,6 +367,13 @@ class Runner:
         await self.desk.drain()
         if self.desk.shutdown is not None:
             raise StopRequested(f"shutdown requested by {self.desk.shutdown.sender}")
+        current = self.current
+        withdrawal = self.desk.withdrawal(current.id) if current is not None else None
+        if withdrawal is not None:
+            raise TaskWithdrawn(
+                f"withdrawn by {withdrawal.sender} after {state.steps} steps: stopped at a "
+                "step boundary"
+            )
         more_unread = self.desk.full
         batch = self.desk.show(self.teammate.mail_batch)
         if not batch:

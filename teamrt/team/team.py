@@ -33,6 +33,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
+from teamrt.agents.journal import Journal
 from teamrt.agents.output import OutputType, Rejected
 from teamrt.agents.state import AgentState
 from teamrt.envelopes import Envelope, Request, Response, new_id
@@ -43,9 +44,12 @@ from teamrt.errors import (
     OutcomeUnknown,
     OutputError,
     ReceiveTimeout,
+    RemoteError,
+    StoreError,
     StoreOutage,
     StoreUnavailable,
     TeammateGone,
+    TeamrtError,
     UsageError,
 )
 from teamrt.mail.mailboxes import Mailboxes
@@ -58,16 +62,21 @@ from teamrt.team.protocol import (
     SHUTDOWN_ACK,
     STREAMED_TASK,
     TASK,
+    TEAMMATE_CRASHED,
+    WITHDRAWN,
     Approver,
     ProgressBody,
     ShutdownBody,
     TaskResult,
+    WithdrawBody,
     is_shutdown,
 )
 from teamrt.team.runner import Runner
 
 log = logging.getLogger("teamrt.team")
 
+#: Seconds a withdrawal's send may take when the caller was cancelled (shielded, then given up).
+WITHDRAW_WITHIN = 5.0
 
 T = TypeVar("T")
 
@@ -143,6 +152,7 @@ class Team:
         self.status: dict[str, MemberStatus] = {n: MemberStatus(n) for n in self.teammates}
         self._lead = LeadServer(self, on_request)
         self._in_flight: dict[str, int] = {}
+        self._asking: dict[str, Request] = {}  # task id -> the task, while its ask awaits it
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._running = 0
         self._all_done = anyio.Event()
@@ -286,7 +296,9 @@ class Team:
         `member` may name a pool (`Teammate(..., replicas=N)`): the task goes to its least busy
         replica. Raises `RemoteError` with `error_type` `Busy` (the member's queue is full) or
         `Expired` (the deadline passed before it could start), `RequestTimeout`, or
-        `TeammateGone` for a member that crashed for good. The task starts a trace (or
+        `TeammateGone` for a member that is not running. A task refused with `TeammateGone`
+        or a `TeammateCrashed` error, or whose ask is cancelled, is withdrawn (see `withdraw`):
+        no later incarnation starts it. The task starts a trace (or
         continues `trace_id`): every envelope of it, in any process, carries the id, which the
         result gives back (`teamrt replay DIR --trace ID` shows the whole tree).
 
@@ -306,9 +318,11 @@ class Team:
         request = self._task(member, text, TASK, timeout, trace_id)
         if key is not None:
             request = request.model_copy(update={"id": keyed_id(self.mail.team, self.lead, key)})
-            response = await ask_once(self._lead, member, request, key, timeout)
-        else:
-            response = await self._request(request, timeout)
+        async with self._asked(request):
+            if key is not None:
+                response = await ask_once(self._lead, member, request, key, timeout)
+            else:
+                response = await self._request(request, timeout)
         result = TaskResult.model_validate(response.body)
         return result if typed is None else typed_answer(request.recipient, result, typed)
 
@@ -345,6 +359,82 @@ class Team:
             self.lead, member, text, type=kind, timeout=timeout, trace_id=trace_id or new_id()
         )
 
+    @contextlib.asynccontextmanager
+    async def _asked(self, request: Request) -> AsyncIterator[None]:
+        """While `request` is awaited: a refusal (`TeammateGone`, a `TeammateCrashed` error)
+        or the caller's cancellation withdraws it, so that no later incarnation runs it."""
+        self._asking[request.id] = request
+        try:
+            yield
+        except TeammateGone as exc:
+            started = await self._withdraw(request, "refused: the teammate is not running")
+            raise TeammateGone(
+                f"{exc}; it is withdrawn: no later incarnation starts it"
+                + _if_started(started, request),
+                task_id=request.id,
+                started=started,
+            ) from None
+        except RemoteError as exc:
+            if exc.error_type == TEAMMATE_CRASHED:
+                await self._withdraw(request, "refused: the teammate crashed")
+            raise
+        except anyio.get_cancelled_exc_class():
+            await self._withdraw(request, "cancelled")
+            raise
+        finally:
+            self._asking.pop(request.id, None)
+
+    async def withdraw(
+        self, task_id: str, *, member: str | None = None, reason: str = "withdrawn"
+    ) -> None:
+        """Withdraw a task the lead gave: if it is still queued it never runs; if it is
+        running it stops at its next step boundary (its model call and tools cut short); either
+        way it is answered with stop reason `cancelled` (a running `ask` returns that result,
+        a late answer reaches the lead's notices). Honoured by every later incarnation of the
+        member, in any process. `member` is needed for a task not being asked from this team
+        now (one whose `ask` raised `RequestTimeout`, say: `exc.request.recipient`)."""
+        request = self._asking.get(task_id)
+        if request is not None:
+            await self._withdraw(request, reason)
+            return
+        if member is None:
+            raise UsageError(
+                f"task {task_id} is not being asked from this team: name its member "
+                "(withdraw(task_id, member=...))"
+            )
+        await self._send_withdrawal(member, task_id, reason)
+
+    async def _withdraw(self, request: Request, reason: str) -> bool | None:
+        """Send the withdrawal of `request` (shielded, bounded); whether it had started."""
+        await self._send_withdrawal(request.recipient, request.id, reason)
+        return self._started(request)
+
+    async def _send_withdrawal(self, member: str, task_id: str, reason: str) -> None:
+        body = WithdrawBody(task=task_id, reason=reason)
+        withdrawal = Envelope.message(self.lead, member, body, type=WITHDRAWN)
+        # the caller may be cancelled already: the send must still go out, but not hang it
+        with anyio.move_on_after(WITHDRAW_WITHIN, shield=True) as scope:
+            try:
+                await self.mail.send(withdrawal)
+            except TeamrtError as exc:  # the caller's own error (or cancellation) comes first
+                log.error("task %s of %s not withdrawn: %s", task_id, member, exc)
+        if scope.cancelled_caught:
+            log.error("task %s of %s not withdrawn: the send took over %gs", task_id, member,
+                      WITHDRAW_WITHIN)  # fmt: skip
+
+    def _started(self, request: Request) -> bool | None:
+        """Whether the member had started `request`, as far as this process can tell."""
+        runner = self._runners.get(request.recipient)
+        if runner is not None and runner.current is not None and runner.current.id == request.id:
+            return True
+        if self.agent_dir is None or request.recipient in self.remote:
+            return None
+        try:
+            state = Journal(self.agent_dir / f"{request.recipient}.state.jsonl").load()
+        except (StoreError, OSError):
+            return None
+        return state is not None and (state.task_id == request.id or request.id in state.handled)
+
     async def _request(self, request: Request, timeout: float | None) -> Response:
         """`mail.request`, counted as in flight to its member (for `pick`)."""
         member = request.recipient
@@ -366,8 +456,8 @@ class Team:
                 async for event in events:
                     ...
 
-        Errors are those of `ask`, raised from the iterator. Leaving the block early stops
-        waiting (the task goes on; its result reaches `lead_mail()`).
+        Errors are those of `ask`, raised from the iterator. Leaving the block early withdraws
+        the task (as cancelling an `ask` does): it stops at its next step boundary.
         """
         request = self._task(member, text, STREAMED_TASK, timeout, None)
         send, receive = anyio.create_memory_object_stream[ProgressBody | TaskResult | Exception](
@@ -378,7 +468,8 @@ class Team:
         async def ask() -> None:
             async with send:
                 try:
-                    response = await self._request(request, timeout)
+                    async with self._asked(request):
+                        response = await self._request(request, timeout)
                     await self._lead_caught_up()  # the progress sent before the answer first
                     await send.send(TaskResult.model_validate(response.body))
                 except Exception as exc:  # handed to the consumer, raised from its iterator
@@ -786,6 +877,16 @@ def typed_answer(member: str, result: TaskResult, typed: OutputType) -> Any:
 
 class TeammateCancelled(Exception):
     """An incarnation stopped by `Team.cancel` (reported like a crash)."""
+
+
+def _if_started(started: bool | None, request: Request) -> str:
+    if started is False:
+        return f" (task {request.id} had not started)"
+    when = "it had started" if started else "if it had started"
+    return (
+        f" ({when}, task {request.id} stops at its next step: its outcome, stop reason "
+        "`cancelled`, may still reach the lead)"
+    )
 
 
 def _sole(exc: Exception) -> Exception:
