@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from teamrt.agents.output import OutputType, Rejected
 from teamrt.agents.state import AgentState
 from teamrt.agents.tools import cancelled_for_real
-from teamrt.envelopes import Envelope, Request, Response, new_id
+from teamrt.envelopes import Envelope, Request, Response, new_id, peer_answer
 from teamrt.errors import (
     Deadlock,
     InvalidOutput,
@@ -272,7 +272,7 @@ class Team:
         """
         typed = self._output_type(member, output_type) if output_type is not None else None
         request = self._task(member, text, TASK, timeout, trace_id)
-        result = TaskResult.model_validate((await self._request(request, timeout)).body)
+        result = peer_answer(TaskResult, await self._request(request, timeout))
         return result if typed is None else typed_answer(request.recipient, result, typed)
 
     def _output_type(self, member: str, output_type: Any) -> OutputType:
@@ -344,7 +344,7 @@ class Team:
                 try:
                     response = await self._request(request, timeout)
                     await self._lead_caught_up()  # the progress sent before the answer first
-                    await send.send(TaskResult.model_validate(response.body))
+                    await send.send(peer_answer(TaskResult, response))
                 except Exception as exc:  # handed to the consumer, raised from its iterator
                     await send.send(exc)
                 finally:
