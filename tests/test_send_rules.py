@@ -13,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from teamrt.codec import MAX_BODY_DEPTH
+from teamrt.codec import MAX_BODY_DEPTH, decode_fields, encode
 from teamrt.envelopes import Envelope
 from teamrt.errors import InvalidEnvelope
 from teamrt.mail.filestore.store import FileStore
+from teamrt.mail.log import decode_line, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.memory import MemoryStore
 from tests.redis_server import RedisServer, shared_redis
@@ -105,3 +106,24 @@ def test_any_body_is_refused_or_received_unchanged(
     root = tmp_path_factory.mktemp("team")
     _, quarantined = anyio.run(_send_all, Mailboxes(FileStore(root), members=MEMBERS), bodies)
     assert quarantined == 0
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity", b"[1,NaN]"])
+def test_a_raw_line_with_nan_or_infinity_is_quarantined_by_both_decoders(constant: bytes) -> None:
+    line = stamp(encode(Envelope.message("lead", "worker", None)), 3, b"t")[:-1]
+    line = line.replace(b'"body":null', b'"body":' + constant)
+    reason = "schema: body: NaN or Infinity, which JSON does not allow"
+    assert decode_line(line) == reason
+    assert decode_fields(line) == reason
+
+
+@pytest.mark.parametrize("depth", [MAX_BODY_DEPTH, MAX_BODY_DEPTH + 1, 210])
+def test_a_raw_line_too_deep_is_quarantined_by_both_decoders(depth: int) -> None:
+    line = stamp(encode(Envelope.message("lead", "worker", None)), 3, b"t")[:-1]
+    line = line.replace(b'"body":null', b'"body":' + b"[" * depth + b"]" * depth)
+    if depth <= MAX_BODY_DEPTH:
+        assert not isinstance(decode_fields(line), str)
+        assert not isinstance(decode_line(line), str)
+    else:
+        assert decode_line(line) == decode_fields(line)
+        assert isinstance(decode_line(line), str)
