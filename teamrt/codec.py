@@ -45,6 +45,7 @@ from typing import Annotated, Any, Final, Literal, NoReturn
 import msgspec
 import orjson
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from teamrt.envelopes import (
     ENVELOPE_ADAPTER,
@@ -58,6 +59,7 @@ from teamrt.envelopes import (
     check_finite,
     payload_model,
 )
+from teamrt.errors import InvalidEnvelope
 from teamrt.names import is_name as _valid_name
 from teamrt.names import valid_names as _valid_names
 
@@ -114,6 +116,54 @@ _FLAT_ITEMS: Final = 16
 _WALK_BELOW: Final = 512
 
 
+#: How deeply an envelope's body may nest (`[]` is one level): deeper is refused by `send()` and
+#: quarantined by its reader alike, far inside what every parser on either side reads.
+MAX_BODY_DEPTH: Final = 128
+
+
+def too_deep(body: Any) -> bool:
+    """True if `body` nests deeper than `MAX_BODY_DEPTH`: the writer's and the reader's rule."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            items: Any = value.values()
+        elif kind is list or kind is tuple:
+            items = value
+        else:
+            continue
+        if depth > MAX_BODY_DEPTH:
+            return True
+        stack.extend((item, depth + 1) for item in items)
+    return False
+
+
+def _not_finite(body: Any) -> bool:
+    stack: list[Any] = [body]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind is float:
+            if not _finite(value):
+                return True
+        elif kind is dict:
+            stack.extend(value.values())
+        elif kind is list or kind is tuple:
+            stack.extend(value)
+    return False
+
+
+def body_refusal(body: Any) -> str | None:
+    """Why a body that was parsed from a line may not be delivered (None if it may): too deep
+    for `send()` to have written it, or holding NaN or Infinity, which JSON cannot spell."""
+    if too_deep(body):
+        return f"schema: body: nested deeper than {MAX_BODY_DEPTH} levels"
+    if _not_finite(body):
+        return "schema: body: NaN or Infinity, which JSON does not allow"
+    return None
+
+
 def _refuse(value: object) -> NoReturn:
     raise TypeError
 
@@ -126,8 +176,36 @@ def encode_with_pydantic(envelope: Envelope) -> bytes:
     return data[data.index(b'"v":') :]
 
 
+def _holds_bytes(body: Any) -> bool:
+    stack: list[Any] = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, bytes | bytearray | memoryview):
+            return True
+        if type(value) is dict:
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif type(value) is list or type(value) is tuple:
+            stack.extend(value)
+    return False
+
+
 def _by_serializer(envelope: Envelope, finite: bool) -> bytes:
-    encoded = encode_with_pydantic(envelope)
+    _check_depth(envelope.body)
+    if _holds_bytes(envelope.body):
+        # pydantic would write b"abc" as "abc" (received as a str, not the bytes sent) and
+        # refuse b"\xff": neither is the body sent
+        raise InvalidEnvelope(
+            f"invalid {envelope.kind}: its body holds bytes, which JSON cannot carry; "
+            "decode them to str or encode them (base64) first"
+        )
+    try:
+        encoded = encode_with_pydantic(envelope)
+    except PydanticSerializationError as exc:
+        raise InvalidEnvelope(
+            f"invalid {envelope.kind}: its body cannot be written as JSON ({exc}); "
+            "give it JSON data: dicts with str keys, lists, str, int, float, bool, None"
+        ) from None
     if finite:
         check_finite(envelope, encoded)
     return encoded
@@ -162,13 +240,29 @@ def _body_finite(body: dict[str, Any] | list[Any] | tuple[Any, ...], data: bytes
     return _plain_and_finite(body)
 
 
+def _check_depth(body: Any) -> None:
+    if too_deep(body):
+        raise InvalidEnvelope(
+            f"invalid envelope: its body nests deeper than {MAX_BODY_DEPTH} levels, "
+            "which no reader accepts; flatten it"
+        )
+
+
+def _check_shallow(body: dict[str, Any] | list[Any] | tuple[Any, ...], data: bytes) -> None:
+    """Refuse `body`, encoded in `data`, if it nests deeper than `MAX_BODY_DEPTH`: a line with
+    that few brackets cannot (counting them costs a few ns); otherwise the exact walk decides."""
+    if data.count(b"[") + data.count(b"{") > MAX_BODY_DEPTH:
+        _check_depth(body)
+
+
 def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
     """The envelope's fields after `seq` and `team` (which `log.stamp` fills in), as compact JSON
     without the opening brace and without a newline: byte for byte what pydantic writes.
 
     `finite=True` refuses an envelope holding NaN or Infinity (`InvalidEnvelope`, as
     `check_finite`), which the orjson path has ruled out already: only pydantic's output is
-    searched."""
+    searched. A body nested deeper than `MAX_BODY_DEPTH`, or one that is not JSON data, is
+    `InvalidEnvelope` whatever `finite` says: its reader would refuse it."""
     # pydantic keeps the fields in `__dict__` in their declared order (validation, model_copy
     # and model_construct all do); a 15th key is something model_copy was given: not ours to write
     fields = envelope.__dict__
@@ -208,9 +302,12 @@ def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
                             return _by_serializer(envelope, finite)
                         if not _body_finite(body, data):
                             return _by_serializer(envelope, finite)
+                        _check_shallow(body, data)
                         break
                 elif not _body_finite(body, data):
                     return _by_serializer(envelope, finite)
+                else:
+                    _check_shallow(body, data)
             elif kind is float and not _finite(body):
                 return _by_serializer(envelope, finite)
             # then orjson wrote seq and team first, as `{"seq":null,"team":null,`; otherwise a
@@ -485,6 +582,9 @@ def _by_pydantic(line: bytes) -> EnvelopeFields | str:
         return reason(exc)
     if envelope.seq is None:
         return "schema: seq: field required"
+    refusal = body_refusal(envelope.body)
+    if refusal is not None:
+        return refusal
     registered = payload_model(envelope.type)
     if registered is not None:
         refused = _payload_reason(registered, envelope.body)

@@ -41,7 +41,7 @@ from typing import (
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from teamrt._assemble import assemble, assemble_copy
-from teamrt.errors import InvalidEnvelope, InvalidName, PayloadError, UsageError
+from teamrt.errors import InvalidEnvelope, InvalidName, PayloadError, PeerError, UsageError
 from teamrt.names import Name, is_name, valid_names, validate_name
 
 FORMAT_VERSION = 1
@@ -196,17 +196,34 @@ E = TypeVar("E", bound="Envelope")
 
 def _build(cls: type[E], **fields: Any) -> E:
     """Construct an envelope, turning pydantic's error into one that names the bad field."""
+    return cls(**fields)
+
+
+def _invalid(cls: type[BaseModel], exc: ValidationError) -> InvalidEnvelope | InvalidName:
+    """pydantic's error for an envelope of class `cls` as teamrt's, naming the bad field."""
+    first = exc.errors(include_url=False)[0]
+    field = str(first["loc"][0]) if first["loc"] else "envelope"
+    if field in ("sender", "recipient"):
+        try:
+            validate_name(first.get("input"), what=field)
+        except InvalidName as bad_name:
+            return bad_name
+    return InvalidEnvelope(f"invalid {cls.__name__.lower()}: {field}: {first['msg']}")
+
+
+def peer_answer(model: type[P], response: Envelope) -> P:
+    """`response.body` validated as `model`; a body that does not validate is the peer's fault
+    (`PeerError`, naming the sender and what was wrong), never pydantic's error."""
     try:
-        return cls(**fields)
+        return model.model_validate(response.body)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        field = str(first["loc"][0]) if first["loc"] else "envelope"
-        if field in ("sender", "recipient"):
-            try:
-                validate_name(first.get("input"), what=field)
-            except InvalidName as bad_name:
-                raise bad_name from None
-        raise InvalidEnvelope(f"invalid {cls.__name__.lower()}: {field}: {first['msg']}") from None
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise PeerError(
+            f"{response.sender} answered with a malformed {model.__name__} "
+            f"({where}: {first['msg']}); the answer was dropped: check that teammate's code",
+            response,
+        ) from None
 
 
 def _dump_body(body: Any) -> Any:
@@ -256,6 +273,15 @@ class Envelope(BaseModel):
     traceparent: str | None = Field(default=None, max_length=128)  # OpenTelemetry, W3C format
     ts: float = Field(default_factory=time.time, allow_inf_nan=False)
     deadline: float | None = Field(default=None, allow_inf_nan=False)
+
+    def __init__(self, /, **data: Any) -> None:
+        """Validate `data` as pydantic does, refusing bad fields with teamrt's own error
+        (`InvalidEnvelope`, or `InvalidName` for a bad sender or recipient)."""
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _invalid(type(self), exc) from None
+
     body: Any = None
 
     # -- one-line constructors --
@@ -348,7 +374,11 @@ class Envelope(BaseModel):
         if isinstance(error, BaseException):
             message = message or str(error)
             error = type(error).__name__
-        return Envelope.response(request, ErrorBody(error=error, message=message))
+        try:
+            body = ErrorBody(error=error, message=message)
+        except ValidationError as exc:
+            raise _invalid(ErrorBody, exc) from None
+        return Envelope.response(request, body)
 
     @staticmethod
     def broadcast(

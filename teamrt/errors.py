@@ -29,6 +29,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     ├── ReceiveTimeout(TimeoutError)         nothing arrived in an inbox in time
     ├── RequestTimeout(TimeoutError)         a peer did not answer before the deadline
     ├── RemoteError                          a peer answered with an error response
+    ├── PeerError                            a peer answered with something malformed
     ├── Deadlock                             a request would close a cycle of waiting members
     ├── LimitExceeded                        an agent hit one of its limits (a clean stop)
     ├── StopRequested                        an agent was asked to stop (e.g. team shutdown)
@@ -274,6 +275,15 @@ class RemoteError(TeamrtError):
         self.response = response
 
 
+class PeerError(TeamrtError):
+    """A peer's fault: a teammate answered with a body that is not what the protocol says (a
+    task result that does not validate, say). `response` is the answer as it came."""
+
+    def __init__(self, message: str, response: Envelope) -> None:
+        super().__init__(message)
+        self.response = response
+
+
 class UnsafeDirectory(StoreError):
     """A team directory (or one of its subdirectories) that another user could have prepared
     or can write: a symlink, someone else's, or writable by group or others."""
@@ -291,6 +301,7 @@ class PartialBroadcast(StoreError):
     def __init__(
         self, message: str, delivered: tuple[str, ...], undelivered: tuple[str, ...]
     ) -> None:
-        super().__init__(0, message)
+        # one argument, as every other StoreError: OSError(0, message) would print "[Errno 0]"
+        super().__init__(message)
         self.delivered = delivered
         self.undelivered = undelivered

@@ -91,7 +91,7 @@ def export(args: argparse.Namespace) -> int:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from teamrt.cli.replay import parse_time, run_replay, split
+    from teamrt.cli.replay import open_private, parse_time, run_replay, split
     from teamrt.replay import Filter
 
     args.dir = team_at(args.dir)
@@ -110,7 +110,7 @@ def replay(args: argparse.Namespace) -> int:
             raise UsageError(f"-o {output} is a directory; name a file, e.g. {output}/replay.html")
         if not output.parent.is_dir():
             raise UsageError(f"-o {output}: there is no directory {output.parent}; create it first")
-        with output.open("w", encoding="utf-8") as out:
+        with open_private(output) as out:
             return run_replay(
                 args.dir,
                 fmt=args.format,

@@ -57,7 +57,16 @@ class Plan(BaseModel):
     def load(cls, path: str | Path) -> Plan:
         """A plan from a JSON or YAML file (YAML needs PyYAML: `pip install 'teamrt[yaml]'`)."""
         source = Path(path)
-        text = source.read_text()
+        try:
+            text = source.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise PlanError(f"{source}: no such plan file; check the path") from None
+        except IsADirectoryError:
+            raise PlanError(f"{source}: is a directory, not a plan file; name the file") from None
+        except UnicodeDecodeError as exc:
+            raise PlanError(f"{source}: not UTF-8 text ({exc.reason}); save it as UTF-8") from None
+        except OSError as exc:
+            raise PlanError(f"{source}: cannot be read ({exc.strerror or exc})") from None
         if source.suffix in (".yaml", ".yml"):
             try:
                 import yaml

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import msgspec
 from pydantic import ValidationError
 
+from teamrt.codec import body_refusal, is_claim, reason
 from teamrt.codec import encode as codec_encode
-from teamrt.codec import is_claim, reason
 from teamrt.envelopes import (
     ENVELOPE_ADAPTER,
     Broadcast,
@@ -180,6 +180,9 @@ def decode_line(line: bytes) -> Envelope | str:
             return reason(exc)
     if envelope.seq is None:
         return "schema: seq: field required"
+    refusal = body_refusal(envelope.body)
+    if refusal is not None:
+        return refusal
     registered = payload_model(envelope.type)
     if registered is not None and not is_claim(envelope.body):  # (checked once redeemed)
         try:

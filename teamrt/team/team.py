@@ -36,7 +36,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from teamrt.agents.journal import Journal
 from teamrt.agents.output import OutputType, Rejected
 from teamrt.agents.state import AgentState
-from teamrt.envelopes import Envelope, Request, Response, new_id
+from teamrt.envelopes import Envelope, Request, Response, new_id, peer_answer
 from teamrt.errors import (
     Deadlock,
     InvalidOutput,
@@ -323,7 +323,7 @@ class Team:
                 response = await ask_once(self._lead, member, request, key, timeout)
             else:
                 response = await self._request(request, timeout)
-        result = TaskResult.model_validate(response.body)
+        result = peer_answer(TaskResult, response)
         return result if typed is None else typed_answer(request.recipient, result, typed)
 
     def _output_type(self, member: str, output_type: Any) -> OutputType:
@@ -471,7 +471,7 @@ class Team:
                     async with self._asked(request):
                         response = await self._request(request, timeout)
                     await self._lead_caught_up()  # the progress sent before the answer first
-                    await send.send(TaskResult.model_validate(response.body))
+                    await send.send(peer_answer(TaskResult, response))
                 except Exception as exc:  # handed to the consumer, raised from its iterator
                     await send.send(exc)
                 finally:
