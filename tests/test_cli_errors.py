@@ -246,7 +246,7 @@ def test_every_command_that_runs_a_team_runs_where_signals_are_handled() -> None
     assert commands is not None
     runs = {name: sub.get_default("run") for name, sub in dict(commands).items()}
     coroutines = {name for name, run in runs.items() if inspect.iscoroutinefunction(run)}
-    assert coroutines == {"send", "rerun", "run-agent", "demo", "eval"}
+    assert coroutines == {"send", "rerun", "run-agent", "demo", "eval", "soak"}
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:

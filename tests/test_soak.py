@@ -6,8 +6,12 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from pathlib import Path
 
-from teamrt.testing.soak import Figures, judge_deliveries, judge_runs
+import pytest
+
+from teamrt.testing.soak import Figures, judge_deliveries, judge_runs, soak
+from tests.redis_server import needs_redis
 
 
 def delivery(id: str, pid: int, fence: int, t: float) -> dict[str, object]:
@@ -67,3 +71,14 @@ def test_an_unknown_fault_is_a_usage_error() -> None:
     )
     assert run.returncode == 2
     assert "unknown faults ['nope']" in run.stderr and "server_kill" in run.stderr
+
+
+@needs_redis
+@pytest.mark.timeout(900)
+async def test_a_short_soak_meets_every_target(tmp_path: Path, stress: bool) -> None:
+    figures = await soak(
+        seconds=600 if stress else 30, seed=7, root=tmp_path, fault_every=4, say=lambda _l: None
+    )
+    report = "\n".join(figures.lines())
+    assert figures.ok, report
+    assert sum(figures.faults.values()) >= 3, report

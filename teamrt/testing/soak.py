@@ -53,6 +53,8 @@ LEASE_TTL = 3.0  # seconds: short, so that a paused holder is replaced within a 
 WORK_SECONDS = 0.3  # how long a task's tool takes: time to be killed or paused mid-call
 ASK_TIMEOUT = 60.0  # one attempt of an ask
 HUNG_AFTER = ASK_TIMEOUT + 30.0  # an attempt that has not ended by then is hung
+#: Errors that refuse a task: it was withdrawn, so asking again needs a new idempotency key.
+REFUSALS = frozenset({"TeammateGone", "TeammateCrashed", "Busy", "Expired"})
 SEND_EVERY = 0.02  # seconds between two messages to the sink
 FAULTS = (
     "server_kill",
@@ -404,28 +406,42 @@ class Soak:
     # -- the lead's work --
 
     async def _asker(self, team: Any, index: int) -> None:
+        """Ask task after task until the soak ends. An ask that failed without a verdict (no
+        answer in time, an outage) is asked again under the same idempotency key; one that was
+        refused (the teammate gone or crashed, or the task cancelled) was withdrawn, so it is
+        asked again under a new key, and the effects log shows whether the refused one ran."""
         for n in range(10**9):
-            tag = f"T{index}-{n}"
+            tag, attempt = f"T{index}-{n}", 0
             member = self.workers[n % len(self.workers)]
             while not self._stopping:
-                with anyio.move_on_after(HUNG_AFTER) as scope:
-                    try:
-                        result = await team.ask(member, tag, timeout=ASK_TIMEOUT, key=tag)
-                    except (TeamrtError, RemoteError) as exc:
-                        kind = getattr(exc, "error_type", None) or type(exc).__name__
-                        retried = self.figures.asks_retried
-                        retried[kind] = retried.get(kind, 0) + 1
-                        await anyio.sleep(0.5)
-                        continue
-                    if result.stop_reason == "answer":
-                        self.figures.asks_answered += 1
-                        break
-                    kind = f"stopped:{result.stop_reason}"
-                    self.figures.asks_retried[kind] = self.figures.asks_retried.get(kind, 0) + 1
-                if scope.cancelled_caught and not self._stopping:
-                    self.figures.asks_hung += 1
+                outcome = await self._ask_once(team, member, tag, f"{tag}#{attempt}")
+                if outcome == "answered":
+                    break
+                if outcome == "refused":
+                    attempt += 1
+                await anyio.sleep(0.5)
             if self._stopping:
                 return
+
+    async def _ask_once(self, team: Any, member: str, tag: str, key: str) -> str:
+        """One ask: `answered`, `refused` (withdrawn: ask anew), or `failed` (ask again)."""
+        retried = self.figures.asks_retried
+        outcome = "refused"  # a hung ask is cancelled, which withdraws it
+        with anyio.move_on_after(HUNG_AFTER) as scope:
+            try:
+                result = await team.ask(member, tag, timeout=ASK_TIMEOUT, key=key)
+            except (TeamrtError, RemoteError) as exc:
+                kind = getattr(exc, "error_type", None) or type(exc).__name__
+                retried[kind] = retried.get(kind, 0) + 1
+                return "refused" if kind in REFUSALS else "failed"
+            if result.stop_reason == "answer":
+                self.figures.asks_answered += 1
+                return "answered"
+            kind = f"stopped:{result.stop_reason}"
+            retried[kind] = retried.get(kind, 0) + 1
+        if scope.cancelled_caught and not self._stopping:
+            self.figures.asks_hung += 1
+        return outcome
 
     async def _sender(self, mail: Any) -> None:
         while True:
