@@ -15,6 +15,7 @@ import pytest
 
 from teamrt import FileMailboxes, MemoryMailboxes
 from teamrt.agents import tool
+from teamrt.envelopes import Envelope
 from teamrt.errors import RequestTimeout
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore
@@ -81,10 +82,20 @@ async def until(check: Callable[[], bool]) -> None:
             await anyio.sleep(0.01)
 
 
+_late_mail: dict[int, list[Envelope]] = {}
+
+
+def lead_mail_so_far(team: Team) -> list[Envelope]:
+    """Everything the lead's mail stream has brought (late answers arrive there), kept."""
+    seen = _late_mail.setdefault(id(team), [])
+    seen.extend(team.lead_mail_nowait())
+    return seen
+
+
 def cancelled_answers(team: Team) -> list[TaskResult]:
     return [
         TaskResult.model_validate(e.body)
-        for e in team.notices
+        for e in lead_mail_so_far(team)
         if e.kind == "response"
         and isinstance(e.body, dict)
         and e.body.get("stop_reason") == "cancelled"

@@ -21,6 +21,7 @@ from teamrt.mail.mailboxes import Mailboxes
 from teamrt.team import TaskResult, Team
 from tests.redis_server import RedisServer, needs_redis, redis_server
 from tests.remote import TESTS, exit_code
+from tests.test_task_cancel import lead_mail_so_far
 
 __all__ = ["redis_server"]  # the fixture
 
@@ -80,9 +81,9 @@ async def _gone(mail: Mailboxes) -> None:
 
 
 async def _late(lead: Team, task_id: str) -> TaskResult:
-    """The answer to a task its ask no longer waits for, from the lead's notices."""
-    await _until(lambda: any(e.in_reply_to == task_id for e in lead.notices))
-    answer = next(e for e in lead.notices if e.in_reply_to == task_id)
+    """The answer to a task its ask no longer waits for, from the lead's mail."""
+    await _until(lambda: any(e.in_reply_to == task_id for e in lead_mail_so_far(lead)))
+    answer = next(e for e in lead_mail_so_far(lead) if e.in_reply_to == task_id)
     return TaskResult.model_validate(answer.body)
 
 
