@@ -95,6 +95,30 @@ RESCAN_SWEEP = 16
 DEFAULT_SEND_RETRY = 10.0
 
 
+#: A member seen without a live holder on checks this far apart is gone (`TeammateGone`).
+GONE_AFTER = 2 * HEARTBEAT_INTERVAL + _LIVENESS_EVERY
+
+
+class _Liveness:
+    """What the liveness checks of one request have seen. One check alone is not enough: right
+    after a server pause or a partition, a member's lease may have expired before it could
+    renew it, and it takes it back at its next heartbeat; a member seen without a live holder
+    for `GONE_AFTER` seconds has had two heartbeats to do so."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # when the checks first saw no live holder
+
+    def gone(self, alive: bool | None, now: float) -> bool:
+        if alive is not False:
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = now
+        return now - self.since >= GONE_AFTER
+
+
 def _batch_key(envelope: Envelope) -> str:
     return envelope.recipient  # "*" for broadcasts, which are sent one by one
 
@@ -469,8 +493,9 @@ class Mailboxes:
             envelope,
         )
 
-    async def _check_alive(self, envelope: Request) -> None:
-        if await self.store.member_alive(envelope.recipient) is False:
+    async def _check_alive(self, envelope: Request, liveness: _Liveness) -> None:
+        alive = await self.store.member_alive(envelope.recipient)
+        if liveness.gone(alive, time.monotonic()):
             raise TeammateGone(
                 f"{envelope.recipient} is not running (nobody holds its lease, or its holder "
                 f"stopped beating); request {envelope.id} (type {envelope.type!r}) stays in "
@@ -485,12 +510,13 @@ class Mailboxes:
         self._check_open()
         reader = await self.store.tail_reader(envelope.sender)
         check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
+        liveness = _Liveness()
         try:
             await self.send(envelope)
             with anyio.move_on_after(math.inf if timeout is None else timeout):
                 while True:
                     if time.monotonic() >= check_at:
-                        await self._check_alive(envelope)
+                        await self._check_alive(envelope, liveness)
                         check_at = time.monotonic() + _LIVENESS_EVERY
                     entries = reader.read_nowait() or await reader.fetch()
                     for entry in entries:
@@ -522,6 +548,7 @@ class Mailboxes:
             await self.send(envelope)
             # after the send, while the member works on it (off the round trip's path)
             check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
+            liveness = _Liveness()
             # no read right after the send: _wait() returns at once if anything has come; but
             # another task's read (a drain, another request's) may have routed the answer here
             # already, and set no event for this wait to see
@@ -533,7 +560,7 @@ class Mailboxes:
                     if time.monotonic() >= deadline:
                         break
                     try:
-                        await self._check_alive(envelope)
+                        await self._check_alive(envelope, liveness)
                     except TeammateGone:
                         if reply.response is not None:  # it answered, then stopped
                             break
