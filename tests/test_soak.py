@@ -75,6 +75,10 @@ def test_an_unknown_fault_is_a_usage_error() -> None:
 
 @needs_redis
 @pytest.mark.timeout(900)
+# a synchronous redis-py connection cut off by a fault mid-read is left to the garbage collector
+# (its socket warns as unclosed); the soak judges envelopes and tasks, not sockets
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_a_short_soak_meets_every_target(tmp_path: Path, stress: bool) -> None:
     figures = await soak(
         seconds=600 if stress else 30, seed=7, root=tmp_path, fault_every=4, say=lambda _l: None

@@ -47,11 +47,18 @@ async def test_the_teams_envelope_limit_binds_every_sender(tmp_path: Path) -> No
     async with FileMailboxes(team, members=MEMBERS, max_envelope=2000):
         pass
     assert json.loads((team / "team.json").read_text())["max_envelope"] == 2000
-    async with FileMailboxes(team, max_envelope=1 << 20) as mail:  # asks for a larger limit
+    # asks for a larger limit, with claim checks off: the team's limit refuses the envelope
+    async with FileMailboxes(team, max_envelope=1 << 20, max_blob=0) as mail:
         with pytest.raises(EnvelopeTooLarge, match="over the limit of 2000"):
             await mail.send(Envelope.message("lead", "worker", "x" * 3000))
         await mail.send(Envelope.message("lead", "worker", "x" * 1000))
-        assert mail.inbox("worker").receive_nowait().body == "x" * 1000
+        got = mail.inbox("worker").receive_nowait()
+        assert got.body == "x" * 1000
+        mail.inbox("worker").ack_nowait(got)
+    async with FileMailboxes(team, max_envelope=1 << 20) as mail:  # with claim checks (default)
+        await mail.send(Envelope.message("lead", "worker", "y" * 3000))
+        assert (team / "blobs").is_dir()  # over the team's limit: the body went as a blob
+        assert mail.inbox("worker").receive_nowait().body == "y" * 3000
 
 
 async def test_seq_recovery_ignores_lines_that_are_not_envelopes_of_the_inbox(

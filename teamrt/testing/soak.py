@@ -209,7 +209,8 @@ class Proxy:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
         self.port = listener.extra(SocketAttribute.local_port)
         task_status.started()
-        await listener.serve(self._handle)
+        async with listener:
+            await listener.serve(self._handle)
 
     def cut(self) -> None:
         if self._flowing.is_set():
