@@ -15,14 +15,16 @@ from collections.abc import Iterator
 from teamrt.errors import TeamrtError, UsageError
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port of 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
 
 
-def _answers(port: int) -> bool:
+def answers(port: int) -> bool:
+    """Whether a Redis server on `port` of 127.0.0.1 answers PING."""
     with (
         contextlib.suppress(OSError),
         socket.create_connection(("127.0.0.1", port), timeout=0.5) as probe,
@@ -42,7 +44,7 @@ def private_redis_server(*, appendfsync: str = "everysec", user: str) -> Iterato
             f"{user} needs a Redis server: install redis-server (a private one is then "
             "started), or give one: --store redis://HOST:PORT/DB"
         )
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="teamrt-redis-") as directory:
         options = {"port": str(port), "bind": "127.0.0.1", "dir": directory,
                    "appendonly": "yes", "appendfsync": appendfsync, "save": "",
@@ -53,7 +55,7 @@ def private_redis_server(*, appendfsync: str = "everysec", user: str) -> Iterato
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 20
-            while not _answers(port):
+            while not answers(port):
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise TeamrtError(f"redis-server did not start on port {port}")
                 time.sleep(0.02)

@@ -28,7 +28,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ import anyio.abc
 from anyio.abc import SocketAttribute, TaskStatus
 
 from teamrt.agents.tools import tool
+from teamrt.demos.local_redis import answers, free_port
 from teamrt.envelopes import Envelope
 from teamrt.errors import MemberBusy, RemoteError, TeamrtError, UsageError
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
@@ -134,23 +134,6 @@ async def sink(url: str, log_path: Path) -> None:
 # --- the server and the wire between it and the team ------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _answers(port: int) -> bool:
-    with (
-        contextlib.suppress(OSError),
-        socket.create_connection(("127.0.0.1", port), timeout=0.5) as probe,
-    ):
-        probe.sendall(b"PING\r\n")
-        return probe.recv(16).startswith(b"+PONG")
-    return False
-
-
 class Server:
     """A private redis-server on a fixed port whose append-only file outlives its process."""
 
@@ -160,7 +143,7 @@ class Server:
             raise UsageError(
                 "the soak needs redis-server: install it (apt-get install redis-server)"
             )
-        self.program, self.directory, self.port = program, directory, _free_port()
+        self.program, self.directory, self.port = program, directory, free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -172,7 +155,7 @@ class Server:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 60
-        while not _answers(self.port):
+        while not answers(self.port):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise TeamrtError(f"redis-server did not start on port {self.port}")
             time.sleep(0.02)
