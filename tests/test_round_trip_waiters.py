@@ -1,10 +1,11 @@
-"""A hostile pass over the round-trip fast paths: the inbox's per-task waiters, the skipped reads
+"""The round trip's fast paths: the inbox's per-task waiters, the skipped reads
 after a read that caught up (`InboxReader.caught_up`, `Inbox._poked`), the file reader's size
 from a seek, and the envelope constructors that build their model without validation.
 
 Each test tries to lose an envelope, deliver one twice, hang a receiver or a requester, or build
 an envelope the validating path (`_build`) would refuse or build differently. Where the claim is
-about processes, a real one writes (this file is also the child: `python test_hostile_rtt.py`).
+about processes, a real one writes (this file is also the child:
+`python test_round_trip_waiters.py`).
 """
 
 from __future__ import annotations

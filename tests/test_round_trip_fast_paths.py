@@ -1,4 +1,4 @@
-"""A third hostile pass over the round trip: `decode_fields`' inlined checks for short lines, the
+"""The round trip's inlined fast paths: `decode_fields`' inlined checks for short lines, the
 file reader's first read handled in `read_nowait`, the inbox taking a lone record without its
 queue, the appender's inlined `stamp`, `Mailboxes.send` with its lookups inlined, and the
 envelopes' one-int ids and `with_deadline` through `_adopt`.

@@ -1,4 +1,4 @@
-"""A hostile pass over the bulk read path and the request wait: the typed decode against
+"""The bulk read path and the request wait: the typed decode against
 `decode_line` on nasty lines, and the Inbox's drain/receive/release/ack and `request()` waits
 mixed in the ways a busy owner mixes them, on the file and memory stores (and Redis, when a
 redis-server is installed)."""

@@ -1,4 +1,4 @@
-"""A hostile pass over the descriptor budget (descriptors.py): parked readers, dropped appenders,
+"""The descriptor budget (descriptors.py) under attack: parked readers, dropped appenders,
 pinned leases, the EMFILE retry, and the tools' cached arguments models.
 
 Each test tries to lose, duplicate or misnumber a message, read a wrong file, leak a descriptor,
