@@ -119,6 +119,16 @@ class _Liveness:
         return now - self.since >= GONE_AFTER
 
 
+def remote_error(response: Response) -> RemoteError:
+    """The `RemoteError` an error response stands for (its body as sent, or as text when it is
+    not an error body)."""
+    try:
+        body = ErrorBody.model_validate(response.body)
+    except ValidationError:
+        body = ErrorBody(error="error", message=repr(response.body)[:500])
+    return RemoteError(body.error, body.message, response)
+
+
 def _batch_key(envelope: Envelope) -> str:
     return envelope.recipient  # "*" for broadcasts, which are sent one by one
 
@@ -477,11 +487,7 @@ class Mailboxes:
         else:
             response = await self._request(envelope, timeout, deadline, require_live)
         if response.type == ERROR_TYPE:  # `is_error`, without its call (a `Response` here)
-            try:
-                body = ErrorBody.model_validate(response.body)
-            except ValidationError:
-                body = ErrorBody(error="error", message=repr(response.body)[:500])
-            raise RemoteError(body.error, body.message, response)
+            raise remote_error(response)
         return response
 
     def _timed_out(self, envelope: Request, timeout: float | None) -> RequestTimeout:

@@ -25,9 +25,10 @@ import anyio
 from pydantic import BaseModel, ValidationError
 
 from teamrt.agents.tools import cancelled_for_real
-from teamrt.envelopes import ERROR_TYPE, Envelope, ErrorBody, Request, Response
+from teamrt.envelopes import ERROR_TYPE, Envelope, Request, Response
 from teamrt.errors import MailboxClosed, RemoteError, UsageError
 from teamrt.mail.inbox import Inbox
+from teamrt.mail.mailboxes import remote_error
 from teamrt.team.protocol import (
     CRASHED,
     IDLE,
@@ -334,9 +335,5 @@ def _outcome(data: dict[str, Any]) -> Response:
     """A settled record's answer, raised as `RemoteError` if it was an error response."""
     response = Response.model_validate(data)
     if response.type == ERROR_TYPE:
-        try:
-            body = ErrorBody.model_validate(response.body)
-        except ValidationError:
-            body = ErrorBody(error="error", message=repr(response.body)[:500])
-        raise RemoteError(body.error, body.message, response)
+        raise remote_error(response)
     return response
