@@ -11,11 +11,13 @@ changed under it. A cursor file with no valid slot is set aside and the inbox is
 the start (at-least-once), never left unopenable.
 
 Under the process's descriptor budget (descriptors.py) an idle reader parks: it closes its
-descriptors and keeps its position, its file's identity (device, inode) and the CRC of the bytes
-before its position. Its next read reopens the file (the active name, else the segment's name if
-it was rotated meanwhile) and refuses one that is not the same file, shorter, or different before
-the position, as a read through the old descriptor would have. While parked, `has_new` asks the
-active file's name (a stat), so the rescan never reopens an idle inbox.
+descriptors and keeps its position, its file's identity (device, inode, birth time) and the CRCs
+of the first and the last 256 bytes before its position. Its next read reopens the file (the
+active name, else the segment's name if it was rotated meanwhile) and refuses one that is not the
+same file (another inode, or the same number given to a file created later), shorter, or
+different in those bytes, as a read through the old descriptor would have (identity.py says why
+the inode number is not enough). While parked, `has_new` asks the active file's name (a stat), so
+the rescan never reopens an idle inbox.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from teamrt.mail.filestore.fileio import (
     write_all,
 )
 from teamrt.mail.filestore.framing import LineSplitter, decode_slots, encode_slot
+from teamrt.mail.filestore.identity import birth_time, read_marks
 from teamrt.mail.filestore.paths import FIRST_READ, READ_CHUNK, InboxPaths
 from teamrt.mail.log import Corrupt, Cursor, Entry
 from teamrt.mail.store import InboxReader
@@ -99,7 +102,8 @@ class FileReader(InboxReader):
         self.ino = 0
         self.dev = 0
         self.busy = False  # a commit in a worker thread uses the descriptors: never parked then
-        self._parked_tail = ""  # while parked: the CRC of the bytes before the position
+        self.born = 0  # its birth time (identity.py), 0 where the file system keeps none
+        self._parked_marks = (0, 0)  # while parked: CRCs of the bytes before the position
         self._parked = False
         self.decoder = LineSplitter(max_line=store.max_line)
         try:
@@ -211,6 +215,7 @@ class FileReader(InboxReader):
         self.fd, self.segment = fd, index
         st = os.fstat(fd)
         self.ino, self.dev = st.st_ino, st.st_dev
+        self.born = birth_time(fd)
         self.decoder = LineSplitter(max_line=self.store.max_line, segment=index)
         self.caught_up = False
         self._parked = False
@@ -228,7 +233,7 @@ class FileReader(InboxReader):
             return False
         if self.fd >= 0:
             try:
-                self._parked_tail = tail_crc(self.fd, self.decoder.offset)
+                self._parked_marks = read_marks(self.fd, self.decoder.offset)
             except OSError:
                 return False  # keep it: its next read reports the trouble
             self._parked = True
@@ -257,21 +262,33 @@ class FileReader(InboxReader):
         if found < 0:
             raise self._corrupt(self.paths.log, "was deleted or replaced while it was read")
         try:
-            if st.st_size < offset:
-                raise self._corrupt(
-                    self.paths.log,
-                    f"shrank to {st.st_size} bytes below the read position {offset} (truncated)",
-                )
-            if tail_crc(found, offset) != self._parked_tail:
-                raise self._corrupt(
-                    self.paths.log,
-                    f"changed before the read position {offset} while it was read (rewritten)",
-                )
+            self._check_reopened(found, st.st_size, offset)
         except BaseException:
             os.close(found)
             raise
         self.fd, self._parked = found, False
         BUDGET.opened(self, 2)
+
+    def _check_reopened(self, fd: int, size: int, offset: int) -> None:
+        """Refuse the file reopened by name unless it is the one this reader parked on (its
+        inode number may have gone to a new file: see identity.py)."""
+        if self.born and birth_time(fd) != self.born:
+            raise self._corrupt(
+                self.paths.log,
+                "was deleted and created again while it was read (the new file got the old "
+                "one's inode number, but it was created later)",
+            )
+        if size < offset:
+            raise self._corrupt(
+                self.paths.log,
+                f"shrank to {size} bytes below the read position {offset} (truncated)",
+            )
+        if read_marks(fd, offset) != self._parked_marks:
+            raise self._corrupt(
+                self.paths.log,
+                f"changed before the read position {offset} while it was read (rewritten, or "
+                "deleted and created again)",
+            )
 
     def _rotated(self, size: int) -> bool:
         """True if our segment was rotated away. Rotation happens only to a file that reached

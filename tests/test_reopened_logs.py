@@ -1,0 +1,222 @@
+"""A parked reader reopens its log by name and takes it only if it is the file it left: not one
+deleted and created again in its place (even when the file system handed the freed inode number
+to the new file), and not one rewritten before the read position where the reader can see it (the
+first and the last 256 bytes before it). Appends alone never make it refuse or re-read."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from teamrt import Envelope, FileMailboxes
+from teamrt.errors import ReceiveTimeout, StoreCorrupt
+from teamrt.mail.filestore import identity
+from teamrt.mail.filestore.descriptors import BUDGET
+from teamrt.mail.filestore.reader import FileReader
+
+MEMBERS = ["lead", "a", "b", "c"]
+
+
+@pytest.fixture(autouse=True)
+def tight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget of two descriptors: opening the other inboxes parks the oldest reader."""
+    monkeypatch.setattr(BUDGET, "limit", 2)
+
+
+def _reader(mail: FileMailboxes, name: str) -> FileReader:
+    reader = mail.inbox(name)._reader
+    assert isinstance(reader, FileReader)
+    return reader
+
+
+async def _park(mail: FileMailboxes, name: str = "a") -> FileReader:
+    """Park `name`'s reader (opened first) once the wake-ups of what was sent so far were read."""
+    reader = _reader(mail, name)
+    await anyio.sleep(0.05)
+    with pytest.raises(ReceiveTimeout):
+        await mail.inbox(name).receive(0.01)
+    for other in MEMBERS:
+        if other != name:
+            await mail.open_inbox(other)
+    assert reader.parked, "the oldest idle reader gives its descriptors back"
+    return reader
+
+
+async def _read_some(mail: FileMailboxes, count: int) -> bytes:
+    """Send `count` envelopes to a and receive them: the log's bytes up to the read position."""
+    inbox = await mail.open_inbox("a")
+    for i in range(count):
+        await mail.send(Envelope.message("lead", "a", {"i": i}))
+    for i in range(count):
+        assert (await inbox.receive(5)).body == {"i": i}
+    return (mail.path / "inboxes" / "a.jsonl").read_bytes()
+
+
+def _recreate(log: Path, data: bytes) -> None:
+    """Delete `log` and create it again holding `data`, with the inode number it had (ext4 and
+    overlay usually hand the freed number out again at once); skip where that never happens."""
+    ino = log.stat().st_ino
+    for _ in range(50):
+        log.unlink()
+        log.write_bytes(data)
+        if log.stat().st_ino == ino:
+            return
+    pytest.skip("this file system did not reuse the freed inode number in 50 attempts")
+
+
+def _needs_birth_time(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if not identity.birth_time(fd):
+            pytest.skip("this file system records no birth time (statx stx_btime)")
+    finally:
+        os.close(fd)
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + (b"0" if data[at : at + 1] != b"0" else b"1") + data[at + 1 :]
+
+
+def _append(log: Path, line: bytes) -> None:
+    with open(log, "ab") as f:
+        f.write(line)
+
+
+def _overwrite(log: Path, at: int, data: bytes) -> None:
+    with open(log, "r+b") as f:
+        f.seek(at)
+        f.write(data)
+
+
+async def _assert_refused(mail: FileMailboxes, found: str) -> None:
+    with pytest.raises(StoreCorrupt, match="teamrt repair") as caught:
+        await mail.inbox("a").receive(2)
+    assert found in str(caught.value)
+
+
+# --- a log deleted and created again with the same inode number -----------------------------------
+
+
+async def test_a_log_recreated_with_its_inode_number_size_and_last_bytes_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The new file holds other first bytes (another first envelope): the reader sees them."""
+    async with FileMailboxes(tmp_path / "t", members=MEMBERS) as mail:
+        data = await _read_some(mail, 6)
+        assert len(data) > 2 * identity.CHECK  # the first and the last bytes are apart
+        await _park(mail)
+        log = mail.path / "inboxes" / "a.jsonl"
+        first_id = data.index(b'"id":"') + 10
+        _recreate(log, _flip(data, first_id))
+        _append(log, data.splitlines(keepends=True)[-1])
+        await _assert_refused(mail, "created again")
+
+
+async def test_a_byte_for_byte_copy_recreated_with_the_inode_number_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Same inode number, same bytes but one in the middle (outside both checked windows): only
+    the birth time tells the new file from the old, where the file system records it."""
+    async with FileMailboxes(tmp_path / "t", members=MEMBERS) as mail:
+        log = mail.path / "inboxes" / "a.jsonl"
+        _needs_birth_time(log)
+        data = await _read_some(mail, 6)
+        await _park(mail)
+        _recreate(log, _flip(data, len(data) // 2))
+        _append(log, data.splitlines(keepends=True)[-1])
+        await _assert_refused(mail, "created again")
+
+
+async def test_a_reader_parked_before_reading_anything_refuses_a_recreated_log(
+    tmp_path: Path,
+) -> None:
+    """Offset 0: nothing to compare, but a reader that had kept its file open would have seen it
+    deleted; with a birth time the parked one sees it too (without one it reads the new file
+    from its start: see the next test)."""
+    async with FileMailboxes(tmp_path / "t", members=MEMBERS) as mail:
+        log = mail.path / "inboxes" / "a.jsonl"
+        _needs_birth_time(log)
+        await mail.open_inbox("a")
+        await _park(mail)
+        _recreate(log, b"")
+        await mail.send(Envelope.message("lead", "a", {"i": 0}))
+        await _assert_refused(mail, "created again")
+
+
+async def test_without_a_birth_time_the_first_bytes_still_tell_a_recreated_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system (or a libc) without statx birth times: the fallback is the bytes."""
+    monkeypatch.setattr(identity, "_statx", None)
+    async with FileMailboxes(tmp_path / "t", members=MEMBERS) as mail:
+        data = await _read_some(mail, 6)
+        await _park(mail)
+        log = mail.path / "inboxes" / "a.jsonl"
+        _recreate(log, _flip(data, data.index(b'"id":"') + 10))
+        await _assert_refused(mail, "changed before the read position")
+
+
+# --- a log rewritten in place ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["first bytes", "bytes before the position"])
+async def test_a_log_rewritten_in_place_before_the_position_is_refused(
+    tmp_path: Path, where: str
+) -> None:
+    async with FileMailboxes(tmp_path / "t", members=MEMBERS) as mail:
+        data = await _read_some(mail, 6)
+        await _park(mail)
+        log = mail.path / "inboxes" / "a.jsonl"
+        at = 20 if where == "first bytes" else len(data) - 20
+        _overwrite(log, at, b"XXXX")
+        _append(log, data.splitlines(keepends=True)[-1])
+        await _assert_refused(mail, "before the read position")
+
+
+# --- the same file, appended to -------------------------------------------------------------------
+
+
+async def test_a_reader_parked_at_every_position_reads_each_envelope_once(tmp_path: Path) -> None:
+    """Parked after each envelope, from offset 0 past both checked windows: every reopen takes
+    the file (appends only), and each envelope arrives once, in order."""
+    async with FileMailboxes(tmp_path / "t", members=MEMBERS) as mail:
+        inbox = await mail.open_inbox("a")
+        reader = _reader(mail, "a")
+        got = []
+        for i in range(12):
+            assert reader.release_descriptors()  # what the budget asks of the oldest idle one
+            assert reader.parked
+            await mail.send(Envelope.message("lead", "a", {"i": i}))
+            envelope = await inbox.receive(5)
+            await inbox.ack(envelope)
+            got.append(envelope.body)
+            assert not reader.parked
+        assert got == [{"i": i} for i in range(12)]
+        assert reader.decoder.offset > 2 * identity.CHECK
+        with pytest.raises(ReceiveTimeout):
+            await inbox.receive(0.05)
+
+
+# --- the birth time -------------------------------------------------------------------------------
+
+
+def test_the_birth_time_is_the_files_and_unknown_where_none_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    _needs_birth_time(path)
+    fd = os.open(path, os.O_RDONLY)
+    again = os.open(path, os.O_RDONLY)
+    try:
+        assert identity.birth_time(fd) == identity.birth_time(again) > 0
+    finally:
+        os.close(fd)
+        os.close(again)
+    read_end, write_end = os.pipe()  # a pipe has no birth time
+    try:
+        assert identity.birth_time(read_end) == 0
+    finally:
+        os.close(read_end)
+        os.close(write_end)
