@@ -5,6 +5,8 @@ first and the last 256 bytes before it). Appends alone never make it refuse or r
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 from pathlib import Path
 
@@ -56,15 +58,25 @@ async def _read_some(mail: FileMailboxes, count: int) -> bytes:
 
 
 def _recreate(log: Path, data: bytes) -> None:
-    """Delete `log` and create it again holding `data`, with the inode number it had (ext4 and
-    overlay usually hand the freed number out again at once); skip where that never happens."""
+    """Delete `log` and create it again holding `data`, with the inode number it had, or skip
+    where the file system never hands it out again. ext4 gives a new file the lowest free number
+    near its directory's: the freed one, unless another process freed a lower one meanwhile, so
+    files are created (and kept, to use up the lower numbers) until one gets it."""
     ino = log.stat().st_ino
-    for _ in range(50):
-        log.unlink()
-        log.write_bytes(data)
-        if log.stat().st_ino == ino:
-            return
-    pytest.skip("this file system did not reuse the freed inode number in 50 attempts")
+    log.unlink()
+    made: list[Path] = []
+    try:
+        for i in range(500):
+            candidate = log.with_name(f".reuse-{i}")
+            candidate.write_bytes(data)
+            made.append(candidate)
+            if candidate.stat().st_ino == ino:
+                candidate.rename(log)
+                return
+    finally:
+        for path in made:
+            path.unlink(missing_ok=True)
+    pytest.skip("this file system did not hand the freed inode number out again")
 
 
 def _needs_birth_time(path: Path) -> None:
@@ -220,3 +232,38 @@ def test_the_birth_time_is_the_files_and_unknown_where_none_is_kept(tmp_path: Pa
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_identify_agrees_with_fstat(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 1234)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        assert identity.identify(fd)[:3] == (st.st_dev, st.st_ino, 1234)
+    finally:
+        os.close(fd)
+
+
+def test_a_kernel_that_refuses_statx_leaves_fstat_and_no_birth_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSYS (an old kernel) or EPERM (a sandbox's filter) once: fstat from then on."""
+    calls = []
+
+    def refused(*args: object) -> int:
+        calls.append(args)
+        ctypes.set_errno(errno.ENOSYS)
+        return -1
+
+    monkeypatch.setattr(identity, "_statx", refused)
+    path = tmp_path / "f"
+    path.write_bytes(b"xy")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        assert identity.identify(fd) == (st.st_dev, st.st_ino, 2, 0)
+        assert identity.identify(fd) == (st.st_dev, st.st_ino, 2, 0)
+    finally:
+        os.close(fd)
+    assert len(calls) == 1

@@ -45,7 +45,7 @@ from teamrt.mail.filestore.fileio import (
     write_all,
 )
 from teamrt.mail.filestore.framing import LineSplitter, decode_slots, encode_slot
-from teamrt.mail.filestore.identity import birth_time, read_marks
+from teamrt.mail.filestore.identity import identify, read_marks
 from teamrt.mail.filestore.paths import FIRST_READ, READ_CHUNK, InboxPaths
 from teamrt.mail.log import Corrupt, Cursor, Entry
 from teamrt.mail.store import InboxReader
@@ -213,9 +213,7 @@ class FileReader(InboxReader):
             os.close(self.fd)
         was_open = self.fd >= 0
         self.fd, self.segment = fd, index
-        st = os.fstat(fd)
-        self.ino, self.dev = st.st_ino, st.st_dev
-        self.born = birth_time(fd)
+        self.dev, self.ino, _, self.born = identify(fd)
         self.decoder = LineSplitter(max_line=self.store.max_line, segment=index)
         self.caught_up = False
         self._parked = False
@@ -254,25 +252,25 @@ class FileReader(InboxReader):
                 fd = open_file(path, O_READ)
             except FileNotFoundError:
                 continue
-            st = os.fstat(fd)
-            if st.st_ino == self.ino and st.st_dev == self.dev:
+            dev, ino, size, born = identify(fd)
+            if ino == self.ino and dev == self.dev:
                 found = fd
                 break
             os.close(fd)
         if found < 0:
             raise self._corrupt(self.paths.log, "was deleted or replaced while it was read")
         try:
-            self._check_reopened(found, st.st_size, offset)
+            self._check_reopened(found, size, born, offset)
         except BaseException:
             os.close(found)
             raise
         self.fd, self._parked = found, False
         BUDGET.opened(self, 2)
 
-    def _check_reopened(self, fd: int, size: int, offset: int) -> None:
+    def _check_reopened(self, fd: int, size: int, born: int, offset: int) -> None:
         """Refuse the file reopened by name unless it is the one this reader parked on (its
         inode number may have gone to a new file: see identity.py)."""
-        if self.born and birth_time(fd) != self.born:
+        if born and self.born and born != self.born:  # 0: not known (see identify)
             raise self._corrupt(
                 self.paths.log,
                 "was deleted and created again while it was read (the new file got the old "
