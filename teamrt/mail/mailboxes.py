@@ -63,7 +63,7 @@ from teamrt.mail import claims
 from teamrt.mail.inbox import Inbox, InboxStatistics, _Reply, deadline_after
 from teamrt.mail.log import decode_line
 from teamrt.mail.outage import DEFAULT_STORE_OUTAGE, ride_out
-from teamrt.mail.signing import Signer, team_key
+from teamrt.mail.signing import Signer, fingerprint, team_key
 from teamrt.mail.store import HEARTBEAT_INTERVAL, Store, run_local
 
 __all__ = [
@@ -160,6 +160,7 @@ class Mailboxes:
         self._send_retry = send_retry
         secret = team_key(key)
         self._signer = None if secret is None else Signer(secret)
+        self._fingerprint = "" if secret is None else fingerprint(secret, store.team)
         self._initial_members = tuple(members)
         self._rescan_interval = rescan_interval
         self._inboxes: dict[str, Inbox] = {}
@@ -184,7 +185,12 @@ class Mailboxes:
         return await self.store.members_now()
 
     async def __aenter__(self) -> Self:
-        await self.store.open(self._initial_members)
+        try:
+            await self.store.open(self._initial_members, signing=self._fingerprint)
+        except BaseException:
+            with anyio.CancelScope(shield=True):  # a refused open holds no connection
+                await self.store.close()
+            raise
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         try:

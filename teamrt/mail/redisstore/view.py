@@ -112,7 +112,8 @@ class RedisView(TeamView):
     # -- the team --
 
     def meta(self) -> dict[str, str]:
-        """The team's meta hash (epoch, created_at, format, max_envelope, lease_ttl_ms)."""
+        """The team's meta hash (epoch, created_at, format, max_envelope, lease_ttl_ms,
+        key_fingerprint)."""
         if self._meta is None:
             raw = self._run("HGETALL", self.keys.meta, what="read the team")
             if not raw:
@@ -132,6 +133,9 @@ class RedisView(TeamView):
     def created_at(self) -> float | None:
         value = self.meta().get("created_at")
         return None if value is None else float(value)
+
+    def signing(self) -> str | None:
+        return self.meta().get("key_fingerprint")
 
     def blob(self, digest: str) -> bytes | None:
         data = self._run("HGET", self.keys.blobs, digest, what=f"read blob {digest[:12]}")
