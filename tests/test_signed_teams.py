@@ -179,6 +179,9 @@ async def test_the_team_records_a_fingerprint_that_never_reveals_the_key(where: 
     shown = json.dumps(settings)
     for secret in (KEY, raw.hex(), hashlib.sha256(raw).hexdigest()[:16]):
         assert secret not in shown
+    if "://" not in where:  # nor does anything else the team keeps
+        files = [path for path in Path(where).rglob("*") if path.is_file()]
+        assert files and not [path for path in files if raw in path.read_bytes()]
     assert fingerprint(OTHER.encode(), team) != recorded  # it tells keys apart
     assert fingerprint(raw, team + "x") != recorded  # and one key's teams apart
 

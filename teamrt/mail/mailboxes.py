@@ -141,7 +141,9 @@ class Mailboxes:
     store call made through these mailboxes (sends, cursor commits, reads, lease renewals, and
     the team's ledger and leases) waits out a network store that cannot be reached or does not
     answer, before the error goes through (`teamrt.mail.outage.ride_out`). `send_retry`: the
-    same for sends alone, when they should give up sooner (default: `store_outage`).
+    same for sends alone, when they should give up sooner (default: `store_outage`). `key`
+    (else `TEAMRT_TEAM_KEY`): the team key, which must be the one the team was created with
+    (none for an unsigned team), or opening raises `TeamKeyMismatch`.
     """
 
     def __init__(
