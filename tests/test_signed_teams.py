@@ -306,6 +306,13 @@ def test_every_command_refuses_a_wrong_or_missing_key(
     assert not (tmp_path / "out").exists()  # nothing was made by a refused command
     right = _teamrt(*args, key=KEY)
     assert right.returncode == 0, right.stderr
+    if command == "inspect":  # which says that the team is signed, and with which key
+        team = json.loads(right.stdout)["team"]
+        assert json.loads(right.stdout)["signing"] == fingerprint(KEY.encode(), team)
+        shown = _teamrt("inspect", where, key=KEY).stdout.splitlines()[0]
+        assert shown.endswith(
+            f"members, signed (key fingerprint {fingerprint(KEY.encode(), team)})"
+        )
 
 
 def test_run_agent_refuses_a_wrong_or_missing_key(where: str) -> None:
