@@ -121,7 +121,9 @@ async def test_an_unsigned_team_refuses_a_process_with_a_key(where: str) -> None
         assert (await inbox.receive(timeout=10)).body == "hello"
 
 
-async def test_a_team_is_refused_by_team_with_a_wrong_or_missing_key(where: str) -> None:
+async def test_a_team_is_refused_by_team_with_a_wrong_or_missing_key(
+    where: str, tmp_path: Path
+) -> None:
     from tests.remote_specs import echo
 
     await _make(where)
@@ -131,7 +133,7 @@ async def test_a_team_is_refused_by_team_with_a_wrong_or_missing_key(where: str)
                 pytest.fail("the team started without the team's key")
     async with (
         open_mailboxes(where, key=KEY) as mail,
-        Team(mail, [echo]) as team,
+        Team(mail, [echo], agent_dir=tmp_path / "agents") as team,
     ):
         assert (await team.ask("w", "say something", timeout=30)).answer == "echo"
 
@@ -315,18 +317,23 @@ def test_every_command_refuses_a_wrong_or_missing_key(
         )
 
 
-def test_run_agent_refuses_a_wrong_or_missing_key(where: str) -> None:
+def _run_agent(where: str, agents: Path) -> list[str]:
+    return ["run-agent", where, "--name", "w", "--spec", "remote_specs:echo",
+            "--agent-dir", str(agents)]  # fmt: skip
+
+
+def test_run_agent_refuses_a_wrong_or_missing_key(where: str, tmp_path: Path) -> None:
     anyio.run(_make, where)
-    args = ["run-agent", where, "--name", "w", "--spec", "remote_specs:echo"]
+    args = _run_agent(where, tmp_path / "agents")
     for key in (None, OTHER):
         refused = _teamrt(*args, key=key)
         assert (refused.returncode, refused.stdout) == (2, ""), refused.stderr
         assert ("is signed" if key is None else "another key") in refused.stderr
 
 
-async def test_run_agent_serves_a_signed_team_with_its_key(where: str) -> None:
+async def test_run_agent_serves_a_signed_team_with_its_key(where: str, tmp_path: Path) -> None:
     await _make(where)
-    proc = _spawn("run-agent", where, "--name", "w", "--spec", "remote_specs:echo", key=KEY)
+    proc = _spawn(*_run_agent(where, tmp_path / "agents"), key=KEY)
     try:
         async with open_mailboxes(where, key=KEY) as mail:
             with anyio.fail_after(40):
