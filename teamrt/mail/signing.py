@@ -27,7 +27,7 @@ _SIG_FIELD = b',"sig":"'
 _SIG_LEN = 64  # hex digits of SHA-256
 _SUFFIX_LEN = len(_SIG_FIELD) + _SIG_LEN + 2  # ,"sig":"<hex>"}
 _FINGERPRINT_LABEL = b"teamrt team key fingerprint\n"
-FINGERPRINT_LEN = 16  # hex digits: 64 bits tell keys apart; a MAC this short proves nothing
+FINGERPRINT_LEN = 16  # hex digits: 64 bits tell keys apart (it names a key, it signs nothing)
 
 
 def team_key(key: str | bytes | None) -> bytes | None:

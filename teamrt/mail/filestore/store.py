@@ -2,8 +2,8 @@
 
 The roster (`team.json`) is changed under an flock on `team.lock` and replaced by rename; it fixes
 the team's segment size, envelope limit and whether it is signed (with its key's fingerprint), so
-that every process agrees on them. The team
-directory and its subdirectories are checked before anything is read or written in them.
+that every process agrees on them. The team directory and its subdirectories are checked before
+anything is read or written in them.
 """
 
 from __future__ import annotations
