@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from teamrt import Envelope, FileMailboxes, Mailboxes, open_mailboxes, open_view
-from teamrt.errors import TeamKeyMismatch
+from teamrt.errors import StoreError, TeamKeyMismatch
 from teamrt.mail.memory import MemoryStore
 from teamrt.mail.signing import KEY_ENV, fingerprint
 from teamrt.team import Team
@@ -207,6 +207,23 @@ async def test_a_team_made_before_teams_recorded_signing_opens_as_before(tmp_pat
     assert "signed" not in json.loads((team / "team.json").read_bytes())  # and stays as it was
 
 
+@pytest.mark.parametrize("record", [{"signed": "yes"}, {"signed": True}, {"signed": 1}])
+async def test_a_roster_with_a_malformed_signing_record_is_unreadable(
+    tmp_path: Path, record: dict[str, Any]
+) -> None:
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=MEMBERS, key=KEY):
+        pass
+    roster = json.loads((team / "team.json").read_bytes())
+    roster.pop("key_fingerprint")
+    (team / "team.json").write_text(json.dumps({**roster, **record}))
+    with pytest.raises(StoreError, match="unreadable"):
+        async with FileMailboxes(team, key=KEY):
+            pass
+    with pytest.raises(StoreError, match="unreadable"):
+        open_view(team, key=KEY)
+
+
 async def test_a_redis_team_made_before_teams_recorded_signing_opens_as_before(
     shared_redis: RedisServer,
 ) -> None:
@@ -308,6 +325,9 @@ def test_every_command_refuses_a_wrong_or_missing_key(
     assert not (tmp_path / "out").exists()  # nothing was made by a refused command
     right = _teamrt(*args, key=KEY)
     assert right.returncode == 0, right.stderr
+    if command == "export":  # the copy is signed as its source is
+        (copy,) = (tmp_path / "out" / "export").iterdir()
+        assert _settings(str(copy))["key_fingerprint"] == fingerprint(KEY.encode(), copy.name)
     if command == "inspect":  # which says that the team is signed, and with which key
         team = json.loads(right.stdout)["team"]
         assert json.loads(right.stdout)["signing"] == fingerprint(KEY.encode(), team)
