@@ -121,9 +121,7 @@ async def test_an_unsigned_team_refuses_a_process_with_a_key(where: str) -> None
         assert (await inbox.receive(timeout=10)).body == "hello"
 
 
-async def test_a_team_is_refused_by_team_with_a_wrong_or_missing_key(
-    where: str, tmp_path: Path
-) -> None:
+async def test_team_does_not_start_with_a_wrong_or_missing_key(where: str, tmp_path: Path) -> None:
     from tests.remote_specs import echo
 
     await _make(where)
