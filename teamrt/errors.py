@@ -11,6 +11,7 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
     │   ├── EnvelopeTooLarge                 an encoded envelope over the size limit
     │   │   └── BlobTooLarge                 a payload over max_blob, too big even as a claim check
     │   ├── PayloadError                     a body that fails its registered payload model
+    │   ├── TeamKeyMismatch                  no team key, another one, or one for an unsigned team
     │   └── UnknownRecipient(LookupError)    no such member in the roster
     ├── MailboxClosed(RuntimeError)          the mailboxes were used after close
     ├── MemberBusy(RuntimeError)             the member name already runs somewhere else
@@ -83,6 +84,13 @@ class BlobTooLarge(EnvelopeTooLarge):
 
 class PayloadError(UsageError):
     """An envelope body does not validate against the payload model registered for its type."""
+
+
+class TeamKeyMismatch(UsageError):
+    """The team key this process holds is not the one the team records: a signed team opened
+    with no key or another one, or an unsigned team opened with a key. Refused when the team
+    is opened, before anything is written: the process's mail would otherwise be quarantined
+    as `bad signature`, or it would accept mail nobody signed."""
 
 
 class UnknownRecipient(UsageError, LookupError):

@@ -147,6 +147,7 @@ def test_public_surface_is_pinned() -> None:
         "StoreError",
         "StoreOutage",
         "StoreUnavailable",
+        "TeamKeyMismatch",
         "TeamView",
         "TeamrtError",
         "UnknownRecipient",

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from teamrt import Envelope, FileMailboxes, MemoryMailboxes
-from teamrt.errors import UnsafeDirectory, UsageError
+from teamrt.errors import TeamKeyMismatch, UnsafeDirectory, UsageError
 
 MEMBERS = ("lead", "worker", "mallory")
 KEY = "k" * 32
@@ -156,23 +156,34 @@ async def test_request_accepts_its_answer_only_from_the_member_it_asked() -> Non
 
 
 async def test_a_signed_team_detects_a_forged_sender(tmp_path: Path) -> None:
+    from teamrt.mail.filestore import FileStore
+    from teamrt.mail.log import encode
+    from teamrt.mail.signing import Signer
+
     team = tmp_path / "t"
+    other = "another key of 32 bytes, not the team's"
+    with pytest.raises(TeamKeyMismatch):  # teamrt refuses to open it with another key
+        async with FileMailboxes(team, members=MEMBERS, key=KEY), FileMailboxes(team, key=other):
+            pass
+    forger = FileStore(team)  # a process that writes the files itself, as any of the user's can
+    await forger.open([])
     async with (
-        FileMailboxes(team, members=MEMBERS, key=KEY) as mail,
-        FileMailboxes(team, key="another key of 32 bytes, not the team's") as forger,
+        FileMailboxes(team, key=KEY) as mail,
         anyio.create_task_group() as tg,
     ):
 
         async def forge_then_answer() -> None:
             request = await mail.inbox("worker").receive(timeout=5)
             # a process without the team key pretends to be the worker
-            await forger.send(Envelope.response(request, "forged"))
+            forged = Envelope.response(request, "forged")
+            await forger.append("lead", Signer(other.encode()).sign(encode(forged), "t"))
             await anyio.sleep(0.01)
             await mail.send(Envelope.response(request, "real"))
 
         tg.start_soon(forge_then_answer)
         response = await mail.request(Envelope.request("lead", "worker", "q"), timeout=5)
         assert response.body == "real"
+    await forger.close()
     assert [q["reason"] for q in _quarantine(team, "lead")] == ["bad signature"]
     line = (team / "inboxes" / "worker.jsonl").read_bytes()
     assert b',"sig":"' in line  # every envelope carries its signature
@@ -181,10 +192,17 @@ async def test_a_signed_team_detects_a_forged_sender(tmp_path: Path) -> None:
 async def test_signing_key_from_the_environment_and_unsigned_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from teamrt.mail.filestore import FileStore
+    from teamrt.mail.log import encode
+
     team = tmp_path / "t"
-    async with FileMailboxes(team, members=MEMBERS) as unsigned:
-        await unsigned.send(Envelope.message("lead", "worker", "unsigned"))
     monkeypatch.setenv("TEAMRT_TEAM_KEY", KEY)
+    async with FileMailboxes(team, members=MEMBERS):
+        pass
+    unsigned = FileStore(team)  # writing the files itself: teamrt would refuse it the team
+    await unsigned.open([])
+    await unsigned.append("worker", encode(Envelope.message("lead", "worker", "unsigned")))
+    await unsigned.close()
     async with FileMailboxes(team) as mail:
         await mail.send(Envelope.message("lead", "worker", "signed"))
         assert [e.body for e in await _drain(mail)] == ["signed"]

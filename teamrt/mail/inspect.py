@@ -36,6 +36,8 @@ class TeamReport:
     members: list[str]
     created_at: float | None
     inboxes: list[InboxReport]
+    #: the team's key fingerprint if it is signed, "" if not, None if it does not record it
+    signing: str | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,12 +91,17 @@ def _inspect_team(view: TeamView) -> TeamReport:
     for request_id, (recipient, _) in requests.items():
         if request_id not in answered:
             by_name[recipient].pending_requests.append(request_id)
-    return TeamReport(view.team, view.locator, members, view.created_at(), reports)
+    return TeamReport(
+        view.team, view.locator, members, view.created_at(), reports, signing=view.signing()
+    )
 
 
 def format_report(report: TeamReport) -> str:
     """A plain table for the terminal."""
-    lines = [f"team {report.team} at {report.path}: {len(report.members)} members"]
+    signing = {None: "", "": ", unsigned"}.get(
+        report.signing, f", signed (key fingerprint {report.signing})"
+    )
+    lines = [f"team {report.team} at {report.path}: {len(report.members)} members{signing}"]
     header = (
         "inbox",
         "depth",

@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from teamrt.errors import UsageError
 from teamrt.mail.mailboxes import DEFAULT_RESCAN_INTERVAL, Mailboxes
+from teamrt.mail.signing import check_key, key_fingerprint
 from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Store, TeamView
 
 Locator = str | os.PathLike[str]
@@ -105,9 +106,17 @@ def open_store(
     )
 
 
-def open_view(locator: Locator) -> TeamView:
-    """A read-only view of the team at `locator`, for tools (it must exist)."""
-    return open_store(locator, create=False).view()
+def open_view(locator: Locator, *, key: str | bytes | None = None) -> TeamView:
+    """A read-only view of the team at `locator`, for tools (it must exist). `key` (else
+    `TEAMRT_TEAM_KEY`) must be a signed team's key, and absent for an unsigned team
+    (`TeamKeyMismatch`)."""
+    view = open_store(locator, create=False).view()
+    try:
+        check_key(view.team, view.signing(), key_fingerprint(key, view.team))
+    except BaseException:
+        view.close()
+        raise
+    return view
 
 
 def open_mailboxes(

@@ -63,7 +63,7 @@ from teamrt.mail import claims
 from teamrt.mail.inbox import Inbox, InboxStatistics, _Reply, deadline_after
 from teamrt.mail.log import decode_line
 from teamrt.mail.outage import DEFAULT_STORE_OUTAGE, ride_out
-from teamrt.mail.signing import Signer, team_key
+from teamrt.mail.signing import Signer, fingerprint, team_key
 from teamrt.mail.store import HEARTBEAT_INTERVAL, Store, run_local
 
 __all__ = [
@@ -141,7 +141,9 @@ class Mailboxes:
     store call made through these mailboxes (sends, cursor commits, reads, lease renewals, and
     the team's ledger and leases) waits out a network store that cannot be reached or does not
     answer, before the error goes through (`teamrt.mail.outage.ride_out`). `send_retry`: the
-    same for sends alone, when they should give up sooner (default: `store_outage`).
+    same for sends alone, when they should give up sooner (default: `store_outage`). `key`
+    (else `TEAMRT_TEAM_KEY`): the team key, which must be the one the team was created with
+    (none for an unsigned team), or opening raises `TeamKeyMismatch`.
     """
 
     def __init__(
@@ -160,6 +162,7 @@ class Mailboxes:
         self._send_retry = send_retry
         secret = team_key(key)
         self._signer = None if secret is None else Signer(secret)
+        self._fingerprint = "" if secret is None else fingerprint(secret, store.team)
         self._initial_members = tuple(members)
         self._rescan_interval = rescan_interval
         self._inboxes: dict[str, Inbox] = {}
@@ -184,7 +187,12 @@ class Mailboxes:
         return await self.store.members_now()
 
     async def __aenter__(self) -> Self:
-        await self.store.open(self._initial_members)
+        try:
+            await self.store.open(self._initial_members, signing=self._fingerprint)
+        except BaseException:
+            with anyio.CancelScope(shield=True):  # a refused open holds no connection
+                await self.store.close()
+            raise
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         try:

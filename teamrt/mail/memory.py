@@ -16,6 +16,7 @@ from anyio.abc import TaskStatus
 from teamrt.errors import MemberBusy, UnknownRecipient
 from teamrt.mail.log import DEFAULT_MAX_LINE, Corrupt, Cursor, Entry, Position, stamp
 from teamrt.mail.mailboxes import Mailboxes
+from teamrt.mail.signing import check_key
 from teamrt.mail.store import (
     DEFAULT_MAX_BLOB,
     DEFAULT_MAX_ENVELOPE,
@@ -96,8 +97,13 @@ class MemoryStore(Store):
         self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
         self.inboxes: dict[str, _MemoryInbox] = {}
         self._ran: set[str] = set()  # members whose lease was ever taken
+        self._made = False  # the team's settings are fixed by its first opening
 
-    async def open(self, members: Sequence[str]) -> None:
+    async def open(self, members: Sequence[str], *, signing: str | None = None) -> None:
+        if not self._made:
+            self.signing, self._made = signing, True
+        elif signing is not None:
+            check_key(self.team, self.signing, signing)
         for name in members:
             await self.add_member(name)
 
@@ -178,6 +184,7 @@ class MemoryStore(Store):
         self._ran.clear()
         self._ledger = None
         self._task_records.clear()
+        self.signing, self._made = None, False
 
     async def _lock_member(self, name: str, holder: str) -> tuple[object, int]:
         self._inbox(name)  # one store object is the whole team: nobody else can hold it
@@ -200,6 +207,9 @@ class MemoryView(TeamView):
         self._store = store
         self.team = store.team
         self.locator = f"memory:{store.team}"
+
+    def signing(self) -> str | None:
+        return self._store.signing
 
     def members(self) -> tuple[str, ...]:
         return self._store.members()

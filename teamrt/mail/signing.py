@@ -7,6 +7,11 @@ can write any inbox. With a key shared by the team's processes, every envelope c
 is not covered). A reader with the key quarantines a line whose signature is missing or wrong, so
 a forged sender, recipient or body is detected. A replayed signed line carries an id the owner
 has seen, and is dropped as a duplicate while that id is remembered.
+
+A team records when it is created whether it is signed, and the fingerprint of its key (an HMAC
+of a fixed label and the team's name under the key: it tells keys apart and reveals none), and
+every opening compares the key it holds with that record (`check_key`). A team made before
+teams recorded it (no record: None) is not checked.
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ import hashlib
 import hmac
 import os
 
-from teamrt.errors import UsageError
+from teamrt.errors import TeamKeyMismatch, UsageError
 
 KEY_ENV = "TEAMRT_TEAM_KEY"
 _SIG_FIELD = b',"sig":"'
 _SIG_LEN = 64  # hex digits of SHA-256
 _SUFFIX_LEN = len(_SIG_FIELD) + _SIG_LEN + 2  # ,"sig":"<hex>"}
+_FINGERPRINT_LABEL = b"teamrt team key fingerprint\n"
+FINGERPRINT_LEN = 16  # hex digits: 64 bits tell keys apart (it names a key, it signs nothing)
 
 
 def team_key(key: str | bytes | None) -> bytes | None:
@@ -65,3 +72,43 @@ class Signer:
         except ValueError:
             return False
         return hmac.compare_digest(given, self._mac(team, encoded))
+
+
+def fingerprint(key: bytes, team: str) -> str:
+    """What team `team` records of its `key`: 16 hex digits of an HMAC-SHA256 under the key of a
+    fixed label and the team's name (so one key's teams show different fingerprints)."""
+    mac = hmac.digest(key, _FINGERPRINT_LABEL + team.encode(), hashlib.sha256)
+    return mac.hex()[:FINGERPRINT_LEN]
+
+
+def key_fingerprint(key: str | bytes | None, team: str) -> str:
+    """The fingerprint of the key this process holds for `team` (`key`, else
+    `TEAMRT_TEAM_KEY`), or "" if it holds none."""
+    secret = team_key(key)
+    return "" if secret is None else fingerprint(secret, team)
+
+
+def check_key(team: str, recorded: str | None, mine: str) -> None:
+    """Refuse (`TeamKeyMismatch`) to open team `team` unless the key this process holds (`mine`,
+    its fingerprint, "" for none) is the one the team records (`recorded`: a fingerprint, ""
+    for an unsigned team, None for a team made before teams recorded it: never refused)."""
+    if recorded is None or recorded == mine:
+        return
+    if not recorded:
+        raise TeamKeyMismatch(
+            f"team {team!r} is not signed, and this process holds a team key (fingerprint "
+            f"{mine}): the team's other processes write unsigned mail, which this one would "
+            f"quarantine. Unset {KEY_ENV} (or pass no key); a team is signed from its creation, "
+            "so to sign this one, create a new team with the key"
+        )
+    if not mine:
+        raise TeamKeyMismatch(
+            f"team {team!r} is signed (key fingerprint {recorded}), and this process holds no "
+            f"team key: its mail would be quarantined as 'bad signature', and it could not "
+            f"tell forged mail. Set {KEY_ENV} (or pass key=) to the team's key"
+        )
+    raise TeamKeyMismatch(
+        f"team {team!r} is signed with another key (fingerprint {recorded}; this process's key "
+        f"has {mine}): its mail would be quarantined as 'bad signature'. Use the team's key "
+        f"({KEY_ENV} or key=)"
+    )

@@ -157,6 +157,10 @@ class TeamView(ABC):
     def created_at(self) -> float | None:
         return None
 
+    def signing(self) -> str | None:
+        """What the team records of its key (see `Store.signing`)."""
+        return None
+
     @abstractmethod
     def scan(self, name: str, after: Position | None = None) -> Iterator[Entry]:
         """Every complete record of `name`'s inbox in order (from the start, or after the
@@ -207,10 +211,18 @@ class Store(ABC):
     max_line: int = DEFAULT_MAX_LINE  # longer records are quarantined unread
     durability: Durability = "none"
     needs_polling: bool = False  # True where the store cannot tell this process of new records
+    #: What the team records of its key, read by `open`: its fingerprint (teamrt.mail.signing)
+    #: for a signed team, "" for an unsigned one, None for one made before teams recorded it.
+    signing: str | None = None
 
     @abstractmethod
-    async def open(self, members: Sequence[str]) -> None:
-        """Create or open the team, registering `members` (idempotent)."""
+    async def open(self, members: Sequence[str], *, signing: str | None = None) -> None:
+        """Create or open the team, registering `members` (idempotent).
+
+        `signing` is the fingerprint of the key this opener signs with ("" for none): a team
+        this call creates records it, and an existing team whose record differs is refused
+        with `TeamKeyMismatch` before anything is written (`signing.check_key`). None: the
+        opener does not sign or verify (a tool), and nothing is checked or recorded."""
 
     @abstractmethod
     async def close(self) -> None: ...

@@ -48,6 +48,7 @@ from teamrt.errors import (
     RemoteError,
     RequestTimeout,
     StoreUnavailable,
+    TeamKeyMismatch,
     UnknownRecipient,
     UsageError,
 )
@@ -259,6 +260,22 @@ class MailboxConformance:
             await (await mail.open_inbox("worker")).ack(*again)
         async with harness.open() as mail:
             assert await _drain(mail, "worker") == []
+
+    async def test_a_signed_team_refuses_a_missing_or_another_key(
+        self, harness: StoreHarness
+    ) -> None:
+        """A team created with a key records it: an opening without it, or with another key,
+        is refused before it writes anything (the roster is unchanged)."""
+        key, other = "conformance team key, 32 bytes.", "another key, not the team's one."
+        async with Mailboxes(harness.make_store(), members=["lead", "worker"], key=key) as mail:
+            await mail.send(Envelope.message("lead", "worker", "signed"))
+        for wrong in (None, other):
+            with pytest.raises(TeamKeyMismatch):
+                async with Mailboxes(harness.make_store(), members=["intruder"], key=wrong):
+                    pass
+        async with Mailboxes(harness.make_store(), key=key) as mail:
+            assert await mail.members_now() == ("lead", "worker")
+            assert [e.body for e in await _drain(mail, "worker")] == ["signed"]
 
     async def test_duplicate_ids_are_dropped(self, harness: StoreHarness) -> None:
         envelope = Envelope.message("lead", "worker", "once")

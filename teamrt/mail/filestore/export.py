@@ -79,9 +79,12 @@ def export_team(
             f"the team is called {view.team!r}: name the new directory after it "
             f"(e.g. {dest.parent / view.team}), since a team directory's name is its team"
         )
+    if view.team != dest.name and view.signing():
+        raise UsageError(_renamed_signed(view))
     members = view.members()
     store = FileStore(dest)
-    run_local(store.open(members), "creating a team directory")
+    # the copy is signed with the source's key, or not at all, as the source is
+    run_local(store.open(members, signing=view.signing()), "creating a team directory")
     counts = {}
     restamp = (
         (b',"team":"%s",' % view.team.encode(), b',"team":"%s",' % store.team_bytes)
@@ -102,14 +105,18 @@ def export_team(
     return counts
 
 
+def _renamed_signed(view: TeamView) -> str:
+    return (
+        f"team {view.team!r} is signed, and a signature covers the team's name: copy it "
+        f"into a directory named {view.team!r}"
+    )
+
+
 def _restamped(raw: bytes, restamp: tuple[bytes, bytes] | None, view: TeamView) -> bytes:
     if restamp is None:
         return raw
     if _SIGNED.search(raw):
-        raise UsageError(
-            f"team {view.team!r} is signed, and a signature covers the team's name: copy it "
-            f"into a directory named {view.team!r}"
-        )
+        raise UsageError(_renamed_signed(view))
     head = raw[:128]
     at = head.find(restamp[0])
     return raw if at < 0 else raw[:at] + restamp[1] + raw[at + len(restamp[0]) :]

@@ -27,7 +27,9 @@ class FileMailboxes(Mailboxes):
       as a claim check (a blob in `blobs/`) up to `max_blob` bytes (64 MiB by default).
     - `create=False`: refuse to create a team directory that does not exist.
     - `key`: a team key (or `TEAMRT_TEAM_KEY`): envelopes are signed with it, and unsigned or
-      badly signed ones are quarantined (see mailboxes/README.md, "Trust").
+      badly signed ones are quarantined (see mailboxes/README.md, "Trust"). team.json records
+      whether the team was created signed, and which key: another key, none for a signed team,
+      or one for an unsigned team, is refused with `TeamKeyMismatch`.
     - `shared_group=True` (or `TEAMRT_SHARED_GROUP=1`): accept a team directory shared by one
       group (group-writable); by default it must be this user's and writable by nobody else.
     """

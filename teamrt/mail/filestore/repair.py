@@ -43,6 +43,7 @@ from teamrt.mail.filestore.paths import InboxPaths, same_file
 from teamrt.mail.filestore.reader import CURSOR_SLOT, read_cursor, tail_crc
 from teamrt.mail.filestore.store import FileStore
 from teamrt.mail.log import Cursor
+from teamrt.mail.signing import check_key, key_fingerprint
 from teamrt.mail.store import run_local
 
 _CLAIM = b'"%s":' % CLAIM.encode()  # in a record that may be a claim check
@@ -257,13 +258,18 @@ def _check_position(paths: InboxPaths, cursor: Cursor, report: InboxRepair) -> C
     return Cursor(cursor.segment, position, last_seq, (), cursor.recent)
 
 
-def repair_team(path: str | os.PathLike[str], inbox: str | None = None) -> list[InboxRepair]:
-    """Repair one inbox (`inbox`) or every member's inbox of the team at `path`."""
+def repair_team(
+    path: str | os.PathLike[str], inbox: str | None = None, *, key: str | bytes | None = None
+) -> list[InboxRepair]:
+    """Repair one inbox (`inbox`) or every member's inbox of the team at `path`. `key` (else
+    `TEAMRT_TEAM_KEY`): a signed team's key (`TeamKeyMismatch` without it)."""
     store = FileStore(path, create=False)
     if not os.path.lexists(store.roster_path):
         raise StoreError(2, f"no team at {store.path} (team.json is missing)")
     store.check_directories()
-    names = [inbox] if inbox is not None else list(store.members(refresh=True))
+    members = store.members(refresh=True)
+    check_key(store.team, store.signing, key_fingerprint(key, store.team))
+    names = [inbox] if inbox is not None else list(members)
     try:
         return [repair_inbox(store, name) for name in names]
     finally:

@@ -1,8 +1,9 @@
 """`FileStore`: the team directory, its roster, member leases, and the watch for other writers.
 
 The roster (`team.json`) is changed under an flock on `team.lock` and replaced by rename; it fixes
-the team's segment size and envelope limit, so that every process agrees on them. The team
-directory and its subdirectories are checked before anything is read or written in them.
+the team's segment size, envelope limit and whether it is signed (with its key's fingerprint), so
+that every process agrees on them. The team directory and its subdirectories are checked before
+anything is read or written in them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from teamrt.mail.filestore.reader import FileReader
 from teamrt.mail.filestore.tasks import TaskRecords
 from teamrt.mail.filestore.watch import dispatch_forever
 from teamrt.mail.log import DEFAULT_MAX_LINE, Cursor
+from teamrt.mail.signing import check_key
 from teamrt.mail.store import (
     DEFAULT_MAX_BLOB,
     DEFAULT_MAX_ENVELOPE,
@@ -139,6 +141,20 @@ def _describe(fd: int, holder: str, heartbeat: str | None = None) -> None:
         os.pwrite(fd, text.encode(), 0)
 
 
+def recorded_signing(roster: dict[str, Any]) -> str | None:
+    """team.json's `signed` and `key_fingerprint` as `Store.signing` (None: not recorded)."""
+    signed, recorded = roster.get("signed"), roster.get("key_fingerprint")
+    if signed is None:
+        return None
+    if signed is False:
+        return ""
+    if signed is not True or not isinstance(recorded, str) or not recorded:
+        raise ValueError(
+            "'signed' must be true or false, and a signed team's key_fingerprint a string"
+        )
+    return recorded
+
+
 def _shared_from_env() -> bool:
     return os.environ.get("TEAMRT_SHARED_GROUP", "") not in ("", "0")
 
@@ -223,7 +239,7 @@ class FileStore(Store):
         if self.shared_group:
             os.chmod(path, self.dir_mode)  # the umask may have taken the group bits
 
-    async def open(self, members: Sequence[str]) -> None:
+    async def open(self, members: Sequence[str], *, signing: str | None = None) -> None:
         for name in members:
             validate_name(name)
         try:
@@ -238,7 +254,7 @@ class FileStore(Store):
             if isinstance(exc, StoreError):
                 raise
             raise translate(exc, f"open team directory {self.path}") from None
-        self._update_roster(members)
+        self._update_roster(members, signing=signing)
 
     async def members_now(self) -> tuple[str, ...]:
         return self.members(refresh=True)
@@ -274,6 +290,7 @@ class FileStore(Store):
             members = tuple(validate_name(m) for m in data["members"])
             segment_bytes = int(data.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
             max_envelope = int(data.get("max_envelope", self.max_envelope))
+            signing = recorded_signing(data)
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(0, f"unreadable roster {self.roster_path}: {exc}") from None
         except OSError as exc:
@@ -282,18 +299,35 @@ class FileStore(Store):
         self.segment_bytes = segment_bytes
         self.max_envelope = max_envelope  # the team's limit, for every sender and the owner
         self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
+        self.signing = signing
         return dict(data)
 
-    def _update_roster(self, add: Sequence[str]) -> None:
+    def _update_roster(self, add: Sequence[str], *, signing: str | None = None) -> None:
         try:
-            self._update_roster_locked(add)
+            self._update_roster_locked(add, signing)
         except OSError as exc:
             if isinstance(exc, StoreError):
                 raise
             raise translate(exc, f"register members of team {self.team!r}") from None
 
-    def _update_roster_locked(self, add: Sequence[str]) -> None:
-        """Add members under the roster lock (a cold path: a blocking flock is fine)."""
+    def _new_roster(self, signing: str | None) -> dict[str, object]:
+        data: dict[str, object] = {
+            "format": ROSTER_FORMAT,
+            "team": self.team,
+            "created_at": time.time(),
+            "segment_bytes": self.segment_bytes,
+            "max_envelope": self.max_envelope,
+        }
+        if signing is not None:
+            data["signed"] = bool(signing)
+            if signing:
+                data["key_fingerprint"] = signing
+        data["members"] = []
+        return data
+
+    def _update_roster_locked(self, add: Sequence[str], signing: str | None) -> None:
+        """Add members under the roster lock (a cold path: a blocking flock is fine), after
+        checking the opener's key against the team's (`signing`, see `Store.open`)."""
         lock_fd = os.open(
             self.path / "team.lock",
             os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
@@ -301,14 +335,11 @@ class FileStore(Store):
         )
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            data = self._load_roster() or {
-                "format": ROSTER_FORMAT,
-                "team": self.team,
-                "created_at": time.time(),
-                "segment_bytes": self.segment_bytes,
-                "max_envelope": self.max_envelope,
-                "members": [],
-            }
+            data = self._load_roster()
+            if not data:
+                data = self._new_roster(signing)
+            elif signing is not None:
+                check_key(self.team, self.signing, signing)
             members = list(self._roster)
             new = [m for m in dict.fromkeys(add) if m not in members]
             for name in new:  # a missing log of an existing member is damage, not recreated

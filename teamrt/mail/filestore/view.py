@@ -13,7 +13,7 @@ from teamrt.mail.filestore.blobs import read_blob
 from teamrt.mail.filestore.fileio import O_READ
 from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import read_cursor
-from teamrt.mail.filestore.store import lease_holder
+from teamrt.mail.filestore.store import lease_holder, recorded_signing
 from teamrt.mail.log import Cursor, Entry, Position
 from teamrt.mail.store import TeamView
 from teamrt.names import validate_name
@@ -59,6 +59,12 @@ class FileView(TeamView):
     def created_at(self) -> float | None:
         value = self._roster().get("created_at")
         return float(value) if isinstance(value, int | float) else None
+
+    def signing(self) -> str | None:
+        try:
+            return recorded_signing(self._roster())
+        except ValueError as exc:
+            raise StoreError(0, f"unreadable team.json in {self.path}: {exc}") from None
 
     def paths(self, name: str) -> InboxPaths:
         validate_name(name)

@@ -5,7 +5,8 @@ all of a team's keys hash to one slot: every script and every multi-stream XREAD
 on one node. Names are validated (letters, digits, `_`, `-`), so they can contain neither `:` nor
 braces and no two keys collide.
 
-    meta              hash    epoch, created_at, format, max_envelope, team
+    meta              hash    epoch, created_at, format, max_envelope, team, lease_ttl_ms,
+                              key_fingerprint ("" unsigned; absent: made before it was kept)
     members           list    the roster, in the order members joined
     next              hash    member -> the seq its next envelope gets (membership is HEXISTS)
     fences            hash    member -> the last fencing token handed out for its lease

@@ -35,8 +35,10 @@ if epoch ~= ARGV[1] then return redis.error_reply('TEAMRT_EPOCH ' .. (epoch or '
 
 #: Create the team if asked to and register members; answer what a store object needs.
 #: KEYS: meta, members, next. ARGV: create ('1' or '0'), the epoch this object already knows
-#: ('' if none), a new epoch, now, format, max_envelope, team, lease ttl in ms, names...
-#: Returns {epoch, created_at, format, max_envelope, lease ttl in ms, roster}.
+#: ('' if none), a new epoch, now, format, max_envelope, team, lease ttl in ms, the opener's key
+#: fingerprint ('' if it signs nothing, '-' if it does not say), names...
+#: Returns {epoch, created_at, format, max_envelope, lease ttl in ms, key fingerprint, roster};
+#: refuses with TEAMRT_KEY <the team's fingerprint> an opener whose fingerprint differs.
 OPEN = Script(
     "open",
     """#!lua
@@ -46,17 +48,24 @@ if not epoch then
   if ARGV[1] ~= '1' then return redis.error_reply('TEAMRT_NOTEAM') end
   redis.call('HSET', KEYS[1], 'epoch', ARGV[3], 'created_at', ARGV[4], 'format', ARGV[5],
              'max_envelope', ARGV[6], 'team', ARGV[7], 'lease_ttl_ms', ARGV[8])
+  if ARGV[9] ~= '-' then redis.call('HSET', KEYS[1], 'key_fingerprint', ARGV[9]) end
 elseif ARGV[2] ~= '' and epoch ~= ARGV[2] then
   return redis.error_reply('TEAMRT_EPOCH ' .. epoch)
+else
+  local recorded = redis.call('HGET', KEYS[1], 'key_fingerprint')
+  if recorded and ARGV[9] ~= '-' and recorded ~= ARGV[9] then
+    return redis.error_reply('TEAMRT_KEY ' .. recorded)
+  end
 end
-for i = 9, #ARGV do
+for i = 10, #ARGV do
   if redis.call('HSETNX', KEYS[3], ARGV[i], 0) == 1 then
     redis.call('RPUSH', KEYS[2], ARGV[i])
   end
 end
 local meta = redis.call('HMGET', KEYS[1], 'epoch', 'created_at', 'format', 'max_envelope',
-                        'lease_ttl_ms')
-return {meta[1], meta[2], meta[3], meta[4], meta[5], redis.call('LRANGE', KEYS[2], 0, -1)}
+                        'lease_ttl_ms', 'key_fingerprint')
+return {meta[1], meta[2], meta[3], meta[4], meta[5], meta[6],
+        redis.call('LRANGE', KEYS[2], 0, -1)}
 """,
 )
 

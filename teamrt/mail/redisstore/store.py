@@ -32,6 +32,7 @@ from teamrt.mail.redisstore.client import (
 from teamrt.mail.redisstore.keys import Locator, TeamKeys, parse_locator
 from teamrt.mail.redisstore.reader import RedisReader
 from teamrt.mail.redisstore.watcher import Watcher
+from teamrt.mail.signing import check_key
 from teamrt.mail.store import (
     DEFAULT_MAX_BLOB,
     DEFAULT_MAX_ENVELOPE,
@@ -218,13 +219,15 @@ class RedisStore(Store):
 
     # -- the team --
 
-    async def open(self, members: Sequence[str]) -> None:
+    async def open(self, members: Sequence[str], *, signing: str | None = None) -> None:
         names = [validate_name(name) for name in members]
         if self.durability == "fsync":
             await self._check_durability()
-        await self._open(names, create=self.create)
+        await self._open(names, create=self.create, signing=signing)
 
-    async def _open(self, names: Sequence[str], *, create: bool) -> None:
+    async def _open(
+        self, names: Sequence[str], *, create: bool, signing: str | None = None
+    ) -> None:
         keys = self.keys
         try:
             reply = await self.client.script(
@@ -239,13 +242,17 @@ class RedisStore(Store):
                     self.max_envelope,
                     self.team,
                     self.lease_ttl_ms,
+                    "-" if signing is None else signing,
                     *names,
                 ],
                 f"open team {self.team!r}",
             )
         except ResponseError as exc:
+            code, _, recorded = str(exc).partition(" ")
+            if code == "TEAMRT_KEY" and signing is not None:
+                check_key(self.team, recorded, signing)  # raises: the script found them differ
             raise self.script_error(exc, "", f"open team {self.team!r}") from None
-        epoch, created_at, layout, max_envelope, lease_ttl_ms, roster = reply
+        epoch, created_at, layout, max_envelope, lease_ttl_ms, recorded, roster = reply
         if int(layout) > FORMAT:
             raise StoreError(
                 f"team {self.team!r} at {self.shown} was made by a newer teamrt (layout "
@@ -256,6 +263,7 @@ class RedisStore(Store):
         self.max_envelope = int(max_envelope)
         self.max_line = max(DEFAULT_MAX_LINE, self.max_envelope + 256)
         self.lease_ttl_ms = int(lease_ttl_ms)
+        self.signing = None if recorded is None else recorded.decode()
         self._roster = tuple(name.decode() for name in roster)
 
     async def _check_durability(self) -> None:

@@ -112,11 +112,18 @@ class RedisView(TeamView):
     # -- the team --
 
     def meta(self) -> dict[str, str]:
-        """The team's meta hash (epoch, created_at, format, max_envelope, lease_ttl_ms)."""
+        """The team's meta hash (epoch, created_at, format, max_envelope, lease_ttl_ms,
+        key_fingerprint)."""
+        meta = self._read_meta()
+        if meta is None:
+            raise StoreError(f"no team {self.team!r} at {self.locator}")
+        return meta
+
+    def _read_meta(self) -> dict[str, str] | None:
         if self._meta is None:
             raw = self._run("HGETALL", self.keys.meta, what="read the team")
             if not raw:
-                raise StoreError(f"no team {self.team!r} at {self.locator}")
+                return None
             self._meta = {bytes(k).decode(): bytes(v).decode() for k, v in dict(raw).items()}
         return self._meta
 
@@ -132,6 +139,10 @@ class RedisView(TeamView):
     def created_at(self) -> float | None:
         value = self.meta().get("created_at")
         return None if value is None else float(value)
+
+    def signing(self) -> str | None:
+        meta = self._read_meta()  # a missing team records nothing: reading it says it is missing
+        return None if meta is None else meta.get("key_fingerprint")
 
     def blob(self, digest: str) -> bytes | None:
         data = self._run("HGET", self.keys.blobs, digest, what=f"read blob {digest[:12]}")
