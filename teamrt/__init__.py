@@ -67,10 +67,12 @@ if TYPE_CHECKING:
         tool,
     )
     from teamrt.models import (
+        ChatMessage,
         FunctionModel,
         ModelReply,
         OpenAIModel,
         ScriptedModel,
+        ToolSpec,
         call,
     )
     from teamrt.team import (
@@ -88,6 +90,7 @@ __all__ = [
     "Agent",
     "BlobTooLarge",
     "Broadcast",
+    "ChatMessage",
     "DiskFull",
     "DurabilityError",
     "Envelope",
@@ -132,6 +135,7 @@ __all__ = [
     "TeamView",
     "Teammate",
     "TeamrtError",
+    "ToolSpec",
     "UnknownRecipient",
     "UsageError",
     "__version__",
@@ -155,10 +159,12 @@ _LAZY = {
     "RunReport": "teamrt.agents",
     "current_call_id": "teamrt.agents",
     "tool": "teamrt.agents",
+    "ChatMessage": "teamrt.models",
     "FunctionModel": "teamrt.models",
     "ModelReply": "teamrt.models",
     "OpenAIModel": "teamrt.models",
     "ScriptedModel": "teamrt.models",
+    "ToolSpec": "teamrt.models",
     "call": "teamrt.models",
     "ProgressBody": "teamrt.team",
     "RestartPolicy": "teamrt.team",

@@ -162,6 +162,7 @@ def test_public_surface_is_pinned() -> None:
         "register_payload",
         # the common path, loaded on first use
         "Agent",
+        "ChatMessage",
         "FunctionModel",
         "Limits",
         "MCPTools",
@@ -176,6 +177,7 @@ def test_public_surface_is_pinned() -> None:
         "Team",
         "TeamBudget",
         "Teammate",
+        "ToolSpec",
         "call",
         "current_call_id",
         "tool",
