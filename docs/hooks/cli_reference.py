@@ -15,15 +15,22 @@ MARKER = "<!-- teamrt-cli-reference -->"
 
 def reference() -> str:
     """The Markdown for every command's help, at a fixed width."""
-    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: the page should not vary
     from teamrt.cli.main import build_parser
 
     parser = build_parser()
-    sections = [_section("teamrt", parser)]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, command in action.choices.items():
-                sections.append(_section(f"teamrt {name}", command))
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: the page should not vary
+    try:
+        sections = [_section("teamrt", parser)]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, command in action.choices.items():
+                    sections.append(_section(f"teamrt {name}", command))
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
     return "\n".join(sections)
 
 
