@@ -71,3 +71,17 @@ def test_the_configuration_page_documents_every_environment_variable() -> None:
     variables = _variables_read()
     assert {"TEAMRT_STORE", "OPENAI_API_KEY", "TEAMRT_TEAM_KEY"} <= variables
     assert sorted(v for v in variables if f"| `{v}` |" not in page) == []
+
+
+def test_the_docs_extra_builds_the_site_and_dev_pins_it() -> None:
+    """`pip install '.[docs]'` is enough for `mkdocs build`; `.[dev]` (what make installs)
+    pins the same packages exactly."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    docs = {r.split(">")[0].split("=")[0] for r in extras["docs"]}
+    assert docs == {"mkdocs-material", "mkdocstrings-python"}
+    pinned = {r.split("==")[0] for r in extras["dev"] if "==" in r}
+    assert docs <= pinned
