@@ -5,6 +5,8 @@ redis-server."""
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,22 @@ def test_the_example_runs(name: str, tmp_path: Path, request: pytest.FixtureRequ
         done = run(["python", f"examples/{name}"], tmp_path, env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert PRINTS[name] in done.stdout.splitlines(), done.stdout
+
+
+def test_the_tutorial_imports_from_teamrt_and_its_errors_only() -> None:
+    """The common path is one import: the tutorial's programs need no deeper module."""
+    shown = {
+        name
+        for page in (DOCS / "tutorial").glob("*.md")
+        for name in re.findall(r'--8<-- "examples/([\w.]+\.py)"', page.read_text())
+    }
+    assert {"first_agent.py", "first_team.py", "real_model.py", "web_service.py"} <= shown
+    deeper = {
+        f"{name}: {node.module}"
+        for name in shown
+        for node in ast.walk(ast.parse((EXAMPLES / name).read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith("teamrt")
+        and node.module not in ("teamrt", "teamrt.errors")
+    }
+    assert deeper == set()
