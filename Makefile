@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test lint typecheck pytest bench dist clean
+.PHONY: demo test lint typecheck pytest bench docs dist clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,10 +31,13 @@ pytest: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/teamrt bench
 
+docs: $(STAMP)  # the site, into site/: a broken link, reference or include fails the build
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 DIST ?= dist
 dist: $(STAMP)  # the sdist, and the wheel built from it
 	rm -rf $(DIST)
 	$(BIN)/python -m build --outdir $(DIST) .
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache

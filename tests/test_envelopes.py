@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -159,9 +161,49 @@ def test_public_surface_is_pinned() -> None:
         "open_view",
         "payload",
         "register_payload",
+        # the common path, loaded on first use
+        "Agent",
+        "ChatMessage",
+        "FunctionModel",
+        "Limits",
+        "MCPTools",
+        "Memory",
+        "ModelReply",
+        "OpenAIModel",
+        "ProgressBody",
+        "RestartPolicy",
+        "RunReport",
+        "ScriptedModel",
+        "TaskResult",
+        "Team",
+        "TeamBudget",
+        "Teammate",
+        "ToolSpec",
+        "call",
+        "current_call_id",
+        "tool",
     }
     assert (Path(teamrt.__file__).parent / "py.typed").exists()
     assert all(getattr(teamrt, name) is not None for name in teamrt.__all__)
+
+
+def test_import_teamrt_leaves_agents_models_and_teams_until_they_are_used() -> None:
+    """`import teamrt` loads the mailbox layer only; `from teamrt import Team` loads the team
+    (and is the same object as `teamrt.team.Team`); an unknown name is an AttributeError."""
+    code = (
+        "import sys, teamrt\n"
+        "late = ('teamrt.team', 'teamrt.agents', 'teamrt.models', 'openai')\n"
+        "print(sorted(m for m in late if m in sys.modules))\n"
+        "from teamrt import Team, Agent, ScriptedModel\n"
+        "import teamrt.team, teamrt.agents, teamrt.models\n"
+        "print(Team is teamrt.team.Team and Agent is teamrt.agents.Agent)\n"
+        "print(ScriptedModel is teamrt.models.ScriptedModel, 'openai' in sys.modules)\n"
+        "print(hasattr(teamrt, 'Nothing'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.splitlines() == ["[]", "True", "True False", "False"]
 
 
 # --- the constructors' direct path builds what validation builds ---------------------------------

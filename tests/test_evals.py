@@ -514,9 +514,9 @@ def test_the_page_escapes_what_the_cases_hold(tmp_path: Path) -> None:
     assert "<script" not in html and "&lt;script&gt;" in html
 
 
-def test_the_readme_cases_are_accepted_and_its_command_check_works(tmp_path: Path) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    rest = readme[readme.index("## Evals") :]
+def test_the_docs_cases_are_accepted_and_their_command_check_works(tmp_path: Path) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "how-to" / "evals.md").read_text()
+    rest = page[page.index("A cases file is JSON Lines") :]
     block = rest[rest.index("```json\n") + 8 : rest.index("\n```", rest.index("```json\n"))]
     cases = load_cases(_write_text(tmp_path / "cases.jsonl", block + "\n"))
     assert [c.id for c in cases] == ["capital", "person", "tested", "tone"]

@@ -4,8 +4,6 @@ using them as the README says, or by feeding them what a user or a model may wel
 from __future__ import annotations
 
 import json
-import re
-import shlex
 import sys
 from pathlib import Path
 
@@ -76,39 +74,6 @@ async def test_a_typed_answer_with_a_number_too_big_for_a_float_is_corrected() -
 
 
 # --- forks -----------------------------------------------------------------------------------
-
-
-def test_the_readme_s_fork_steps_show_the_envelope_id_to_fork_at(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first command of "Forking a run" is how a user finds the id for `--at`: it must
-    print the ids of the requests it lists."""
-    monkeypatch.setenv("TEAMRT_DEMO_SCRATCH", str(tmp_path / "scratch"))
-    team_dir = tmp_path / "mailboxes" / "research-writer"
-
-    async def run() -> None:
-        async with (
-            FileMailboxes(team_dir) as mail,
-            Team(mail, demo.teammates("offline"), agent_dir=team_dir / "agents") as team,
-        ):
-            await team.ask("researcher", demo.TASK, timeout=30)
-
-    anyio.run(run)
-    block = re.search(r"```sh\n(.*?)```", _section("Forking a run"), re.DOTALL)
-    assert block is not None
-    replay = shlex.split(block.group(1).splitlines()[0], comments=True)
-    assert replay[:2] == ["teamrt", "replay"]
-    monkeypatch.chdir(tmp_path)
-    capsys.readouterr()
-    assert main(replay[1:]) == 0
-    shown = capsys.readouterr().out
-    requests = [
-        json.loads(line)
-        for line in (team_dir / "inboxes" / "writer.jsonl").read_text().splitlines()
-        if '"kind":"request"' in line.replace(" ", "")
-    ]
-    findings = next(r for r in requests if r["sender"] == "researcher")
-    assert findings["id"] in shown
 
 
 def test_rerun_team_with_a_spec_that_names_none_of_the_agents_is_a_mistake(

@@ -5,7 +5,6 @@ correction, a clean stop, `team.ask(..., output_type=...)`, resume from the jour
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ from tests.fake_openai import FakeOpenAI, chat_chunks, chat_reply, responses_rep
 from tests.remote import exit_code, run_agent, until_running
 from tests.typed_specs import Invoice, lookup, typed_clerk, typed_clerk_structured
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
+EXAMPLE = Path(__file__).parent.parent / "examples" / "typed_answers.py"
 
 
 @dataclass
@@ -674,14 +673,11 @@ async def test_openai_without_structured_output_answers_through_the_tool(
     assert json.loads(error["content"]) == {"error": "ValidationError: total: Field required"}
 
 
-# --- the README ---------------------------------------------------------------------------------
+# --- the docs' example ----------------------------------------------------------------------------
 
 
-async def test_the_readme_example_runs() -> None:
-    section = README[README.index("## Typed answers") :]
-    block = re.search(r"^```python\n(.*?)^```", section, re.S | re.M)
-    assert block is not None
-    code = block.group(1).replace("anyio.run(main)", "")
-    namespace: dict[str, Any] = {"__name__": "readme_typed"}
-    exec(compile(code, "README.md", "exec"), namespace)
+async def test_the_docs_example_runs() -> None:
+    code = EXAMPLE.read_text()
+    namespace: dict[str, Any] = {"__name__": "typed_answers"}
+    exec(compile(code, str(EXAMPLE), "exec"), namespace)
     await namespace["main"]()
