@@ -1,0 +1,312 @@
+"""Copies of a live team are whole: `export`, `replay` (every format, `--follow` too), `inspect`
+and `fork` of a team that 12 writer processes are sending into, with 16 KiB segments rotating all
+the time, each give every record up to the point where they stop, with no hole.
+
+Each copy is checked dense: in every inbox, every seq from 0 to the highest it holds; for every
+writer (each sends to one inbox, one envelope at a time), every count from 0 to the highest.
+
+The writers are this file run as a program: `python tests/test_live_copies.py LOCATOR NAME TO DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from teamrt import Envelope
+from teamrt.mail import open_mailboxes, open_view
+from teamrt.mail.filestore import FileMailboxes, InboxPaths
+from teamrt.mail.filestore.view import FileView
+from tests.redis_server import RedisServer, needs_redis, shared_redis
+
+__all__ = ["shared_redis"]  # the fixture
+
+INBOXES = ("lead", "worker")
+WRITERS = tuple(f"w{k}" for k in range(12))
+MEMBERS = (*INBOXES, *WRITERS)
+SEGMENT = 16 << 10
+PAD = "x" * 500  # a body the replay page shows whole (600 characters)
+
+#: (inbox, seq, sender, count): one record of a copy (seq None where the format shows none)
+Row = tuple[str, int | None, str, int]
+
+
+async def _write(locator: str, name: str, to: str, directory: str) -> None:
+    """Send to `to` one envelope at a time, numbered from 0, until `directory`/stop exists."""
+    where = Path(directory)
+    async with open_mailboxes(locator) as mail:
+        (where / f"{name}.ready").touch()
+        while not (where / "go").exists():  # noqa: ASYNC110 -- another process makes it
+            await anyio.sleep(0.001)
+        count = 0
+        while not (where / "stop").exists():
+            await mail.send(Envelope.message(name, to, {"i": count, "w": name, "pad": PAD}))
+            count += 1
+            await anyio.sleep(0.02)  # some hundreds a second in all: a rotation every ~0.1 s
+
+
+def teamrt(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "teamrt", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+class Writers:
+    """12 writer processes, each sending to one inbox of the team at `locator`."""
+
+    def __init__(self, locator: str, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir()
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, locator, name, INBOXES[k % 2], str(directory)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            for k, name in enumerate(WRITERS)
+        ]
+        while not all((directory / f"{name}.ready").exists() for name in WRITERS):
+            self.check()
+            time.sleep(0.005)
+        (directory / "go").touch()
+
+    def check(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is not None:
+                _, err = proc.communicate()
+                raise AssertionError(f"a writer ended ({proc.returncode}): {err.decode()}")
+
+    def stop(self) -> None:
+        (self.directory / "stop").touch()
+        for proc in self.procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err.decode()
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+def assert_dense(rows: Iterable[Row], what: str, *, first: bool = True) -> dict[str, int]:
+    """Every seq of every inbox from 0 to its highest, every writer's count from 0 to its
+    highest (with `first` False: from its lowest); returns the highest seq per inbox."""
+    seqs: dict[str, list[int]] = defaultdict(list)
+    counts: dict[str, list[int]] = defaultdict(list)
+    for inbox, seq, sender, count in rows:
+        if seq is not None:
+            seqs[inbox].append(seq)
+        counts[sender].append(count)
+    assert counts, f"{what}: nothing copied"
+    for inbox, found in seqs.items():
+        low = 0 if first else min(found)
+        missing = sorted(set(range(low, max(found) + 1)) - set(found))
+        assert not missing, (
+            f"{what}: {len(missing)} of {max(found) + 1 - low} seqs missing in {inbox}'s "
+            f"inbox (from {missing[0]})"
+        )
+        assert len(found) == len(set(found)), f"{what}: a seq twice in {inbox}'s inbox"
+    for sender, found in counts.items():
+        missing = sorted(set(range(0 if first else min(found), max(found) + 1)) - set(found))
+        assert not missing, f"{what}: {len(missing)} of {sender}'s envelopes missing"
+    return {inbox: max(found) for inbox, found in seqs.items()}
+
+
+def _directory_rows(team: Path) -> Iterator[Row]:
+    with FileView(team) as view:
+        for name in INBOXES:
+            for entry in view.scan(name):
+                record = json.loads(entry.raw)
+                body = record["body"]
+                yield name, record["seq"], body["w"], body["i"]
+
+
+def _event_rows(events: Iterable[dict[str, Any]]) -> Iterator[Row]:
+    for event in events:
+        if "summary" in event:
+            continue
+        assert event["kind"] == "message", event
+        yield event["inbox"], event["seq"], event["sender"], event["body"]["i"]
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    """The complete lines of a JSON-lines file that may be being written."""
+    return [json.loads(line) for line in text.split("\n")[:-1]]
+
+
+_TEXT_LINE = re.compile(r'^\S+\s+(\S+) -> (\S+)\s+message .*\{"i": (\d+),')
+_MERMAID_LINE = re.compile(r'^\s+(\w+)->>(\w+): text: \{"i": (\d+),')
+
+
+def _matched(lines: Iterable[str], pattern: re.Pattern[str], skip: str) -> Iterator[Row]:
+    for line in lines:
+        m = pattern.match(line)
+        if m is None:
+            assert re.match(skip, line), f"unexpected line {line!r}"
+            continue
+        yield m.group(2), None, m.group(1), int(m.group(3))
+
+
+def _assert_dense_page(page: str, what: str) -> None:
+    """A page holds the first rows of the timeline, then (past its row limit) the flagged ones
+    and the latest: the first from 0, the latest each an unbroken run."""
+    start = page.index('<script id="events" type="application/json">') + 44
+    rows = json.loads(page[start : page.index("</script>", start)])
+    head = next((i for i, row in enumerate(rows) if row["n"] != i), len(rows))
+    assert_dense(_event_rows(rows[:head]), what)
+    if head < len(rows):
+        assert all(not row["flags"] for row in rows[head:]), "no row is flagged here"
+        assert_dense(_event_rows(rows[head:]), f"{what}, its latest rows", first=False)
+
+
+_TEXT_OTHER = r"^$|^\d+ envelopes|^  (w\d+|lead|worker):"
+_MERMAID_OTHER = r"^$|^sequenceDiagram|^\s+participant "
+
+
+def copy_once(source: str, tmp: Path, round_: int) -> None:
+    """Every kind of copy of the live team at `source`, all at once, each checked dense."""
+    out = tmp / f"round{round_}"
+    out.mkdir()
+    with open_view(source) as view:
+        team = view.team
+        at = json.loads(list(view.scan("worker"))[-1].raw)["id"]  # sent lately: to fork at
+    formats = ("json", "text", "mermaid", "html")
+    commands = {
+        "export": ("export", source, str(out / "export" / team)),
+        "inspect": ("inspect", source, "--json"),
+        "fork": ("fork", source, str(out / "fork"), "--at", at, "--json"),
+    } | {
+        f"replay --format {fmt}": (
+            *("replay", source, "--format", fmt, "--color", "never"),
+            *("-q", "-o", str(out / f"replay.{fmt}")),
+        )
+        for fmt in formats
+    }
+    runs = {what: teamrt(*args) for what, args in commands.items()}
+    stdout = {}
+    for what, proc in runs.items():
+        output, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"{what}: {err}"
+        stdout[what] = output
+    what = f"(round {round_})"
+    assert_dense(_directory_rows(out / "export" / team), f"export {what}")
+    assert "worker" in assert_dense(_directory_rows(out / "fork"), f"fork {what}")
+    for inbox in json.loads(stdout["inspect"])["inboxes"]:
+        if inbox["name"] in INBOXES:
+            assert inbox["corrupt_lines"] == 0
+            assert inbox["depth"] == inbox["last_seq"] + 1, f"inspect {what}: {inbox}"
+    text = {fmt: (out / f"replay.{fmt}").read_text() for fmt in formats}
+    assert_dense(_event_rows(_json_lines(text["json"])), f"replay --format json {what}")
+    lines = text["text"].split("\n")
+    assert_dense(_matched(lines, _TEXT_LINE, _TEXT_OTHER), f"replay --format text {what}")
+    lines = text["mermaid"].split("\n")
+    assert_dense(_matched(lines, _MERMAID_LINE, _MERMAID_OTHER), f"replay --format mermaid {what}")
+    _assert_dense_page(text["html"], f"replay --format html {what}")
+
+
+def _segments(team: Path, name: str) -> int:
+    return InboxPaths(team / "inboxes", name).rotated_count()
+
+
+def _follow(source: str, out: Path) -> subprocess.Popen[bytes]:
+    with out.open("wb") as stdout:  # not -o: a replay into a file does not follow
+        return subprocess.Popen(
+            [sys.executable, "-m", "teamrt", "replay", source, "--format", "json", "--follow"],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+        )
+
+
+def _follow_to_the_end(proc: subprocess.Popen[bytes], out: Path, ends: dict[str, int]) -> None:
+    """Wait until the follower has printed every inbox's last seq, stop it, check it dense."""
+    while True:
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        events = _json_lines(out.read_text()) if out.exists() else []
+        got: dict[str, int] = {}
+        for event in events:
+            got[event["inbox"]] = max(got.get(event["inbox"], -1), event["seq"])
+        if got == ends:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert assert_dense(_event_rows(_json_lines(out.read_text())), "replay --follow") == ends
+
+
+def _run(source: str, tmp: Path, rounds: int, rotated: Any) -> None:
+    writers = Writers(source, tmp / "writers")
+    try:
+        follower = _follow(source, tmp / "follow.jsonl")
+        while not rotated():  # the copies start with the rotations under way
+            writers.check()
+            time.sleep(0.01)
+        for round_ in range(rounds):
+            copy_once(source, tmp, round_)
+            writers.check()
+        writers.stop()
+    finally:
+        writers.kill()
+    with open_view(source) as view:
+        ends = {name: json.loads(list(view.scan(name))[-1].raw)["seq"] for name in INBOXES}
+    _follow_to_the_end(follower, tmp / "follow.jsonl", ends)
+
+
+def _file_team(tmp_path: Path, rounds: int) -> None:
+    team = tmp_path / "live"
+    anyio.run(_create, team)
+    _run(str(team), tmp_path, rounds, lambda: _segments(team, "worker") >= 4)
+    assert _segments(team, "worker") > 10  # it rotated throughout
+
+
+def test_copies_of_a_team_rotating_under_12_writers_are_dense(tmp_path: Path) -> None:
+    _file_team(tmp_path, rounds=1)
+
+
+@needs_redis
+def test_copies_of_a_redis_team_under_12_writers_are_dense(
+    shared_redis: RedisServer, tmp_path: Path
+) -> None:
+    url = shared_redis.url()
+    anyio.run(_create, url)
+
+    def written() -> bool:
+        with open_view(url) as view:
+            return view.end("worker")[1] >= 500
+
+    _run(url, tmp_path, 1, written)
+
+
+@pytest.mark.stress
+def test_copies_stay_dense_over_many_rounds(tmp_path: Path, stress: bool) -> None:
+    if not stress:
+        pytest.skip("ten rounds of every copy under 12 writers: run with --stress")
+    _file_team(tmp_path, rounds=10)
+
+
+async def _create(locator: str | Path) -> None:
+    if isinstance(locator, Path):
+        async with FileMailboxes(locator, members=MEMBERS, segment_bytes=SEGMENT):
+            return
+    async with open_mailboxes(locator, members=MEMBERS):
+        return
+
+
+if __name__ == "__main__":
+    locator, name, to, directory = sys.argv[1:5]
+    anyio.run(_write, locator, name, to, directory)
