@@ -11,6 +11,7 @@ The writers are this file run as a program: `python tests/test_live_copies.py LO
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import anyio
 import pytest
 
 from teamrt import Envelope
+from teamrt.errors import StoreCorrupt
 from teamrt.mail import open_mailboxes, open_view
 from teamrt.mail.filestore import FileMailboxes, InboxPaths
 from teamrt.mail.filestore.view import FileView
@@ -204,14 +206,19 @@ def copy_once(source: str, tmp: Path, round_: int) -> None:
         assert proc.returncode == 0, f"{what}: {err}"
         stdout[what] = output
     what = f"(round {round_})"
-    assert_dense(_directory_rows(out / "export" / team), f"export {what}")
-    assert "worker" in assert_dense(_directory_rows(out / "fork"), f"fork {what}")
+    for copy in (out / "export" / team, out / "fork"):
+        highest = assert_dense(_directory_rows(copy), f"{copy.name} {what}")
+        named = json.loads((copy / "export.json").read_text())["inboxes"]  # the point it names
+        assert {name: named[name]["last_seq"] for name in INBOXES} == highest
+        assert all(named[name]["records"] == highest[name] + 1 for name in INBOXES)
     for inbox in json.loads(stdout["inspect"])["inboxes"]:
         if inbox["name"] in INBOXES:
             assert inbox["corrupt_lines"] == 0
             assert inbox["depth"] == inbox["last_seq"] + 1, f"inspect {what}: {inbox}"
     text = {fmt: (out / f"replay.{fmt}").read_text() for fmt in formats}
-    assert_dense(_event_rows(_json_lines(text["json"])), f"replay --format json {what}")
+    events = _json_lines(text["json"])
+    assert_dense(_event_rows(events), f"replay --format json {what}")
+    assert set(events[-1]["summary"]["read_to"]) == set(INBOXES)  # where it stopped
     lines = text["text"].split("\n")
     assert_dense(_matched(lines, _TEXT_LINE, _TEXT_OTHER), f"replay --format text {what}")
     lines = text["mermaid"].split("\n")
@@ -297,6 +304,101 @@ def test_copies_stay_dense_over_many_rounds(tmp_path: Path, stress: bool) -> Non
     if not stress:
         pytest.skip("ten rounds of every copy under 12 writers: run with --stress")
     _file_team(tmp_path, rounds=10)
+
+
+async def _send(mail: FileMailboxes, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        await mail.send(Envelope.message("w0", "worker", {"i": i, "w": "w0", "pad": "x" * 100}))
+
+
+def _seqs(entries: Iterable[Any]) -> list[int]:
+    return [json.loads(entry.raw)["seq"] for entry in entries]
+
+
+async def test_a_scan_crosses_the_rotations_made_while_it_reads(tmp_path: Path) -> None:
+    """Rotations between a scan's start and its reaching the active file: the scan carries
+    on from segment to segment (a listing taken at the start would skip the segments rotated
+    since), and a scan after where it ended carries on with no gap."""
+    async with FileMailboxes(tmp_path / "t", members=MEMBERS, segment_bytes=600) as mail:
+        await _send(mail, 0, 20)
+        with FileView(tmp_path / "t") as view:
+            scan = view.scan("worker")
+            first = next(scan)
+            await _send(mail, 20, 40)  # some ten rotations
+            entries = [first, *scan]
+            assert _seqs(entries) == list(range(len(entries)))
+            assert len(entries) >= 20  # at least what was there when it started
+            await _send(mail, 60, 5)
+            rest = list(view.scan("worker", after=entries[-1].end))
+            assert _seqs(entries + rest) == list(range(65))
+            assert view.end("worker") == rest[-1].end
+        assert InboxPaths(tmp_path / "t" / "inboxes", "worker").rotated_count() > 10
+
+
+async def test_a_scan_at_every_step_of_a_rotation_is_a_dense_prefix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan started, resumed or ended between the link and the rename of a rotation (the
+    segment and the active name one file) yields every record once, in order."""
+    team = tmp_path / "t"
+    steps: list[str] = []
+    async with FileMailboxes(team, members=MEMBERS, segment_bytes=600) as mail:
+        with FileView(team) as view:
+            read: list[Any] = []
+            real_link, real_rename = os.link, os.rename
+
+            def check(step: str) -> None:
+                steps.append(step)
+                whole = list(view.scan("worker"))
+                assert _seqs(whole) == list(range(len(whole))), step
+                read.extend(view.scan("worker", after=read[-1].end if read else None))
+                assert _seqs(read) == _seqs(whole), step
+                end = view.end("worker")
+                assert not whole or end == whole[-1].end or end[1] == 0, step
+
+            def link(*args: Any, **kwargs: Any) -> None:
+                check("before link")
+                real_link(*args, **kwargs)
+                check("after link")
+
+            def rename(*args: Any, **kwargs: Any) -> None:
+                check("before rename")
+                real_rename(*args, **kwargs)
+                check("after rename")
+
+            monkeypatch.setattr(os, "link", link)
+            monkeypatch.setattr(os, "rename", rename)
+            await _send(mail, 0, 30)
+            monkeypatch.undo()
+            read.extend(view.scan("worker", after=read[-1].end))
+            assert _seqs(read) == list(range(30))
+    assert steps.count("after link") >= 5
+
+
+async def test_a_hole_in_the_log_is_an_error_not_a_shorter_copy(tmp_path: Path) -> None:
+    """A segment missing while later ones exist, or a file shorter than where a scan resumes:
+    `StoreCorrupt` naming `teamrt repair`, from the view and from every command."""
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=MEMBERS, segment_bytes=600) as mail:
+        await _send(mail, 0, 30)
+    paths = InboxPaths(team / "inboxes", "worker")
+    with FileView(team) as view:
+        end = list(view.scan("worker"))[-1].end
+        os.truncate(paths.log, 0)
+        with pytest.raises(StoreCorrupt, match=r"shorter than the position.*teamrt repair"):
+            list(view.scan("worker", after=end))
+        paths.segment(1).unlink()
+        with pytest.raises(StoreCorrupt, match=r"000001\.jsonl is missing.*teamrt repair"):
+            list(view.scan("worker"))
+    for command in (
+        ("export", str(team), str(tmp_path / "copy" / "t")),
+        ("replay", str(team), "--format", "json"),
+        ("inspect", str(team)),
+    ):
+        done = teamrt(*command)
+        _, err = done.communicate(timeout=120)
+        assert done.returncode != 0, command
+        assert "000001.jsonl is missing" in err and "teamrt repair" in err, err
 
 
 async def _create(locator: str | Path) -> None:
