@@ -231,12 +231,14 @@ def _segments(team: Path, name: str) -> int:
 
 
 def _follow(source: str, out: Path) -> subprocess.Popen[bytes]:
-    with out.open("wb") as stdout:  # not -o: a replay into a file does not follow
-        return subprocess.Popen(
-            [sys.executable, "-m", "teamrt", "replay", source, "--format", "json", "--follow"],
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-        )
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "teamrt", "replay", source),
+            *("--format", "json", "--follow", "-q", "-o", str(out)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _follow_to_the_end(proc: subprocess.Popen[bytes], out: Path, ends: dict[str, int]) -> None:
