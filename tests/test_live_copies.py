@@ -302,6 +302,7 @@ def test_copies_of_a_redis_team_under_12_writers_are_dense(
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(600)  # ten rounds: about two minutes on a loaded machine
 def test_copies_stay_dense_over_many_rounds(tmp_path: Path, stress: bool) -> None:
     if not stress:
         pytest.skip("ten rounds of every copy under 12 writers: run with --stress")
