@@ -404,6 +404,29 @@ async def test_a_hole_in_the_log_is_an_error_not_a_shorter_copy(tmp_path: Path) 
         assert "000001.jsonl is missing" in err and "teamrt repair" in err, err
 
 
+async def test_a_fork_of_an_inbox_that_shrinks_while_it_is_copied_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork reads each inbox twice (to choose the cut, then to copy it): a second read
+    shorter than the first (the log was truncated meanwhile) is `StoreCorrupt`, no fork."""
+    from teamrt.fork import fork_team
+
+    async with FileMailboxes(tmp_path / "t", members=MEMBERS, segment_bytes=600) as mail:
+        await _send(mail, 0, 30)
+    at = json.loads(list(FileView(tmp_path / "t").scan("worker"))[-1].raw)["id"]
+    scan, reads = FileView.scan, []
+
+    def shrinking(view: FileView, name: str, after: Any = None) -> Iterator[Any]:
+        reads.append(name)
+        entries = list(scan(view, name, after))
+        return iter(entries[:-3] if reads.count("worker") > 1 and name == "worker" else entries)
+
+    monkeypatch.setattr(FileView, "scan", shrinking)
+    with pytest.raises(StoreCorrupt, match="27 records now, but 30"):
+        fork_team(tmp_path / "t", at, tmp_path / "fork")
+    assert not (tmp_path / "fork").exists()
+
+
 async def _create(locator: str | Path) -> None:
     if isinstance(locator, Path):
         async with FileMailboxes(locator, members=MEMBERS, segment_bytes=SEGMENT):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from teamrt.codec import CLAIM, decode_fields
-from teamrt.errors import UsageError
+from teamrt.errors import StoreCorrupt, UsageError
 from teamrt.mail.claims import claim_of
 from teamrt.mail.filestore.blobs import BLOBS, write_blob
 from teamrt.mail.filestore.fileio import replace_file, translate, write_all
@@ -176,6 +176,12 @@ def _export_inbox(
             write_all(fd, b"".join(buffer), written, f"write {paths.log}")
     finally:
         os.close(fd)
+    if limit is not None and len(ends) < limit:  # the cut was chosen from a longer read
+        raise StoreCorrupt(
+            f"{name}'s inbox in team {view.team!r} has {len(ends)} records now, but {limit} a "
+            "moment ago: it was truncated or replaced while it was copied, and a copy of it "
+            "would not be whole (see `teamrt inspect`)"
+        )
 
     def offset_of(position: Position) -> int:
         """The new log's offset just after the last record ending at or before `position`."""
