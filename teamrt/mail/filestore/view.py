@@ -27,19 +27,18 @@ from teamrt.errors import StoreCorrupt, StoreError, UnknownRecipient
 from teamrt.mail.filestore.blobs import read_blob
 from teamrt.mail.filestore.fileio import O_READ
 from teamrt.mail.filestore.framing import LineSplitter
-from teamrt.mail.filestore.paths import READ_CHUNK, InboxPaths
+from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import read_cursor
 from teamrt.mail.filestore.store import lease_holder
-from teamrt.mail.log import DEFAULT_MAX_LINE, Cursor, Entry, Position
+from teamrt.mail.log import Cursor, Entry, Position
 from teamrt.mail.store import TeamView
 from teamrt.names import validate_name
 
 _BACK = 64 << 10  # how far back `end` reads at a time to find the last complete line
+_CHUNK = 256 << 10  # what a scan reads at a time (small reads keep few records alive)
 
 
-def live_entries(
-    paths: InboxPaths, start: Position = (0, 0), *, max_line: int = DEFAULT_MAX_LINE
-) -> Iterator[Entry]:
+def live_entries(paths: InboxPaths, start: Position = (0, 0)) -> Iterator[Entry]:
     """Every complete record of the inbox at `paths` from `start` on, streamed: a dense prefix
     of its log even while writers append and rotate it (see the module)."""
     index, offset = start
@@ -52,7 +51,7 @@ def live_entries(
                     f"segment {index} is {size} bytes, shorter than the position {offset} read "
                     "before (it was truncated or replaced)",
                 )
-            splitter = LineSplitter(offset, segment=index, max_line=max_line)
+            splitter = LineSplitter(offset, segment=index)
             yield from _read_on(fd, splitter, paths)
             if not _sealed(paths, index, fd):
                 return  # the active file: the prefix ends at its last complete line
@@ -69,7 +68,7 @@ def _read_on(fd: int, splitter: LineSplitter, paths: InboxPaths) -> Iterator[Ent
     """The complete lines from the splitter's offset to the file's end now."""
     while True:
         try:
-            chunk = os.pread(fd, READ_CHUNK, splitter.offset)
+            chunk = os.pread(fd, _CHUNK, splitter.offset)
         except OSError as exc:
             raise StoreError(exc.errno or 0, f"read {paths.name}'s inbox: {exc.strerror}") from None
         if not chunk:
