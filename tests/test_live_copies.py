@@ -280,7 +280,7 @@ def _file_team(tmp_path: Path, rounds: int) -> None:
     team = tmp_path / "live"
     anyio.run(_create, team)
     _run(str(team), tmp_path, rounds, lambda: _segments(team, "worker") >= 4)
-    assert _segments(team, "worker") > 10  # it rotated throughout
+    assert _segments(team, "worker") > 5  # it went on rotating while the copies ran
 
 
 def test_copies_of_a_team_rotating_under_12_writers_are_dense(tmp_path: Path) -> None:
