@@ -115,7 +115,7 @@ def replay(args: argparse.Namespace) -> int:
                 args.dir,
                 fmt=args.format,
                 keep=keep,
-                follow=False,
+                follow=args.follow,
                 colour="never",
                 out=out,
                 quiet=args.quiet,

@@ -16,7 +16,8 @@ DESCRIPTION = (
     "were then. Open the new directory with a Team (the same teammates, or changed code, "
     "prompts or models) and it runs on from there: an interrupted task resumes, open requests "
     "are answered. Leases and heartbeats are not copied. The new directory's name is the "
-    "fork's team name. Reads only the source; the team may be running."
+    "fork's team name. Reads only the source; the team may be running (every inbox is read "
+    "whole up to the cut, whatever rotates meanwhile; export.json names each inbox's last seq)."
 )
 
 

@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="summarise a team",
         description="Per inbox: depth, last seq, cursor lag, corrupt and quarantined lines, "
         "unanswered requests, segments and bytes, and who runs each member. Reads only; "
-        "takes no lock or lease.",
+        "takes no lock or lease. A running team is counted whole up to where each inbox's "
+        "reading stopped (no rotated segment skipped).",
     )
     inspect.add_argument("dir", nargs="?", help=TEAM_HELP)
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
@@ -136,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a team (e.g. one in Redis) as an ordinary team directory",
         description="Copy every inbox, its owner's committed cursor and its quarantine into a "
         "new team directory, so that every file tool (inspect, replay, rerun, plain grep) "
-        "works on a snapshot. Reads only; the team may be running.",
+        "works on a snapshot. Reads only; the team may be running: each inbox is copied "
+        "whole up to a point that export.json names (records, last_seq, to), or the export "
+        "fails (StoreCorrupt) on a log that cannot be read whole.",
     )
     export.add_argument("source", help=TEAM_HELP)
     export.add_argument("dest", help="the new team directory (must not exist)")
@@ -148,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Merge every inbox (every segment) into one timeline by send time; join "
         "each request to its response with the latency; flag unanswered, timed-out and late "
         "requests, second answers, duplicates and undecodable lines. Streams: memory does not "
-        "grow with the number of envelopes. Reads only; takes no lock or lease.",
+        "grow with the number of envelopes. Reads only; takes no lock or lease. A running "
+        "team's inboxes are read whole up to where each reading stopped (the json summary's "
+        "read_to), or the replay fails (StoreCorrupt) on a log that cannot be read whole.",
     )
     replay.add_argument("dir", nargs="?", help=TEAM_HELP)
     replay.add_argument(

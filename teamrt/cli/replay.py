@@ -185,6 +185,7 @@ class JsonLines:
                         "agents": {n: asdict(c) for n, c in summary.agents.items()},
                         "latency_p50": summary.latency_percentile(50),
                         "latency_p99": summary.latency_percentile(99),
+                        "read_to": {n: list(p) for n, p in summary.read_to.items()},
                     }
                 }
             )
@@ -284,6 +285,7 @@ def run_replay(
     if follow and fmt in ("text", "json"):
         _follow(view, positions, formatter, keep, stream, poll, follow_for, joiner, summary)
     finish(joiner, summary, keep)
+    summary.read_to.update(positions)
     formatter.end(summary)
     stream.flush()
     return 0

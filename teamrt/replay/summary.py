@@ -47,6 +47,9 @@ class Summary:
     flagged: int = 0
     agents: dict[str, AgentCounts] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)  # a sample, for percentiles
+    #: where the reading of each inbox stopped (the position after its last record read): the
+    #: timeline holds every record before it, none skipped, whatever was written meanwhile
+    read_to: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def latency_percentile(self, p: float) -> float | None:
         if not self.latencies:

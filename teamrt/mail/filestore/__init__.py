@@ -28,7 +28,7 @@ symbolic link.
     store.py      FileStore: directory, roster, leases, the inotify watches (wake-ups; the
                   change tracking behind the rescan of many inboxes)
     watch.py      the inotify dispatch loop
-    view.py       FileView: the read-only view tools use
+    view.py       FileView: the read-only view tools use; its scans cross rotations (dense)
     mailboxes.py  FileMailboxes: Mailboxes over a FileStore
     repair.py     `teamrt repair`: bring a damaged inbox back to its last good position
 """

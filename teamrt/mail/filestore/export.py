@@ -5,7 +5,9 @@ and its runs acked ahead are translated into byte offsets of the new log (a posi
 offset just after the last record that ends at or before it), with the recently handled ids kept,
 so that a `FileStore` opened on the copy delivers exactly what the source's owner had not handled.
 Quarantine records are translated the same way. The team may be running meanwhile: each inbox is
-copied up to where its scan ended, and its cursor is read before the scan. The blobs of the claim
+copied up to where its scan ended (every record before that point, none skipped: see the view's
+scan), its cursor is read before the scan, and `export.json` names the point per inbox (`to`:
+the source position after the last record copied, `last_seq`, `records`). The blobs of the claim
 checks among the copied records are copied too (`blobs/<sha256>`), each verified first.
 
 A copy may also be cut (`InboxCut`, what `teamrt fork` writes): each inbox then keeps only its
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from teamrt.codec import CLAIM, decode_fields
-from teamrt.errors import UsageError
+from teamrt.errors import StoreCorrupt, UsageError
 from teamrt.mail.claims import claim_of
 from teamrt.mail.filestore.blobs import BLOBS, write_blob
 from teamrt.mail.filestore.fileio import replace_file, translate, write_all
@@ -86,6 +88,7 @@ def export_team(
     # the copy is signed with the source's key, or not at all, as the source is
     run_local(store.open(members, signing=view.signing()), "creating a team directory")
     counts = {}
+    upto: dict[str, dict[str, Any]] = {}  # per inbox: the point its copy goes up to
     restamp = (
         (b',"team":"%s",' % view.team.encode(), b',"team":"%s",' % store.team_bytes)
         if store.team != view.team
@@ -95,9 +98,10 @@ def export_team(
     try:
         for name in members:
             cut = cuts.get(name) if cuts is not None else None
-            counts[name] = _export_inbox(view, store, name, cut, restamp, blobs)
+            upto[name] = _export_inbox(view, store, name, cut, restamp, blobs)
+            counts[name] = upto[name]["records"]
         _copy_blobs(view, store, blobs)
-        _note_origin(dest, view, origin)
+        _note_origin(dest, view, {**(origin or {}), "inboxes": upto})
     except OSError as exc:
         raise translate(exc, f"export into {dest}") from None
     finally:
@@ -140,13 +144,15 @@ def _export_inbox(
     cut: InboxCut | None,
     restamp: tuple[bytes, bytes] | None,
     blobs: set[str],
-) -> int:
+) -> dict[str, Any]:
+    """Copy one inbox; returns the point the copy goes up to (see the module)."""
     paths = store.inbox_paths(name)
     cursor = view.committed(name)
     ends: list[Position] = []  # each record's end in the source, in order
     offsets: list[int] = []  # and in the new log
     seqs: list[int] = []  # and its seq (-1 for a record that has none)
     limit = len(cut.handled) if cut is not None else None
+    last_seq = -1
     fd = os.open(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         buffer: list[bytes] = []
@@ -157,8 +163,10 @@ def _export_inbox(
             raw = _restamped(entry.raw, restamp, view)
             if cut is not None and len(ends) in cut.undated:
                 raw = _undated(raw, view)
+            seq = _seq(raw)
+            last_seq = max(last_seq, seq)
             if cut is not None:
-                seqs.append(_seq(raw))
+                seqs.append(seq)
             if _CLAIM in raw:
                 blobs.update(_claimed(raw))
             line = raw + b"\n"
@@ -175,21 +183,28 @@ def _export_inbox(
             write_all(fd, b"".join(buffer), written, f"write {paths.log}")
     finally:
         os.close(fd)
+    if limit is not None and len(ends) < limit:  # the cut was chosen from a longer read
+        raise StoreCorrupt(
+            f"{name}'s inbox in team {view.team!r} has {len(ends)} records now, but {limit} a "
+            "moment ago: it was truncated or replaced while it was copied, and a copy of it "
+            "would not be whole (see `teamrt inspect`)"
+        )
 
     def offset_of(position: Position) -> int:
         """The new log's offset just after the last record ending at or before `position`."""
         index = bisect.bisect_right(ends, position)
         return offsets[index - 1] if index else 0
 
+    point = {"records": len(ends), "last_seq": last_seq, "to": list(ends[-1]) if ends else None}
     if cut is not None:
         _write_cursor(store, paths, _cut_cursor(cut, offsets, seqs), lambda p: p[1])
         kept = ends[-1] if ends else (0, 0)
         _write_quarantine(view, store, paths, name, offset_of, until=kept)
-        return len(ends)
+        return point
     if cursor != Cursor():
         _write_cursor(store, paths, cursor, offset_of)
     _write_quarantine(view, store, paths, name, offset_of)
-    return len(ends)
+    return point
 
 
 def _claimed(raw: bytes) -> list[str]:
