@@ -229,3 +229,18 @@ async def test_a_line_written_by_a_writer_killed_before_its_mark_counts(tmp_path
         await mail.send(Envelope.message("lead", "worker", 3))
         got = await _drain(mail)
     assert [(e.seq, e.body) for e in got] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+
+
+async def test_repair_gives_an_inbox_without_a_mark_the_one_its_log_implies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    team = tmp_path / "t"
+    lock = team / "inboxes" / "worker.lock"
+    async with FileMailboxes(team, members=MEMBERS) as mail:
+        for i in range(4):
+            await mail.send(Envelope.message("lead", "worker", i))
+    os.truncate(lock, 0)  # as a team written before the mark existed
+    capsys.readouterr()
+    assert main(["repair", str(team), "--inbox", "worker"]) == 0
+    assert "nothing to repair" in capsys.readouterr().out
+    assert decode_high_water(lock.read_bytes()) == (3, 0, len(_log(team).read_bytes()))
