@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from teamrt import Envelope, FileMailboxes
 from teamrt.cli.main import main
 from teamrt.mail.filestore.framing import decode_high_water
+from tests.test_processes import _acked, _finish, _spawn, _wait_ready
 
 MEMBERS = ("lead", "worker")
 
@@ -244,3 +246,48 @@ async def test_repair_gives_an_inbox_without_a_mark_the_one_its_log_implies(
     assert main(["repair", str(team), "--inbox", "worker"]) == 0
     assert "nothing to repair" in capsys.readouterr().out
     assert decode_high_water(lock.read_bytes()) == (3, 0, len(_log(team).read_bytes()))
+
+
+def _senders(team: Path, tag: str, count: int) -> list[Path]:
+    """Four writer processes, each sending `count` envelopes at once (acks recorded)."""
+    acks = [team.parent / f"acks-{tag}{k}" for k in range(4)]
+    procs = [
+        _spawn("send", str(team), f"{tag}{k}", str(count), "50", str(acks[k]), "0")
+        for k in range(4)
+    ]
+    _wait_ready([Path(f"{a}.ready") for a in acks], procs)
+    (team.parent / "go").touch()
+    log, cut = _log(team), False
+    while any(p.poll() is None for p in procs):
+        data = log.read_bytes()
+        if tag == "b" and not cut and data.count(b"\n") > 220:  # once, while they write
+            os.truncate(log, len(b"".join(data.splitlines(keepends=True)[:160])))
+            cut = True
+        time.sleep(0.002)
+    for proc in procs:
+        _finish(proc)
+    (team.parent / "go").unlink()
+    return acks
+
+
+def test_writer_processes_number_above_a_cut_log_and_each_other(tmp_path: Path) -> None:
+    """Writers in other processes, fresh after the log was cut and live while it is cut again:
+    every seq in the log is above every one before it, and above all that was handed out."""
+    team = tmp_path / "t"
+    anyio.run(_create, team)
+    _senders(team, "a", 50)  # seqs 0-199
+    lines = _log(team).read_bytes().splitlines(keepends=True)
+    _log(team).write_bytes(b"".join(lines[:120]))
+    acks = _senders(team, "b", 50)
+    seqs = _seqs(team)
+    assert seqs == sorted(set(seqs))  # strictly increasing in file order
+    later = [s for s in seqs if s >= 120]
+    assert later and min(later) == 200  # the writers after the cut numbered above 199
+    assert sum(len(_acked(a)) for a in acks) == 200
+    mark = decode_high_water((team / "inboxes" / "worker.lock").read_bytes())
+    assert mark is not None and mark.seq == 399  # 400 sends, 400 seqs, none twice
+
+
+async def _create(team: Path) -> None:
+    async with FileMailboxes(team, members=MEMBERS):
+        pass
