@@ -291,3 +291,19 @@ def test_writer_processes_number_above_a_cut_log_and_each_other(tmp_path: Path) 
 async def _create(team: Path) -> None:
     async with FileMailboxes(team, members=MEMBERS):
         pass
+
+
+async def test_without_a_mark_repair_says_it_cannot_tell_how_many_are_gone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=MEMBERS) as mail:
+        for i in range(6):
+            await mail.send(Envelope.message("lead", "worker", i))
+    await _handle(team, 4)
+    lines = _log(team).read_bytes().splitlines(keepends=True)
+    _log(team).write_bytes(b"".join(lines[:2]))
+    os.truncate(team / "inboxes" / "worker.lock", 0)  # a team written before the mark
+    text, report = _repair(team, capsys)
+    assert [(g["first_seq"], g["last_seq"]) for g in report["gone"]] == [(2, 3), (4, None)]
+    assert "any envelope from seq 4 on" in text and "do not tell how many" in text

@@ -76,11 +76,13 @@ class Gone:
     handled: bool
 
     def describe(self, path: Path) -> str:
-        seqs = (
-            f"seq {self.first_seq} to {self.last_seq}"
-            if self.last_seq is not None
-            else f"seq {self.first_seq} and any after it"
-        )
+        if self.last_seq is None:
+            return (
+                f"any envelope from seq {self.first_seq} on that was written after byte "
+                f"{self.start} of {path} before the damage is gone (the files do not tell "
+                "how many there were)"
+            )
+        seqs = f"seq {self.first_seq} to {self.last_seq}"
         if self.handled:
             return (
                 f"bytes {self.start} to {self.end} of {path} are gone: envelopes {seqs}, "
