@@ -19,6 +19,7 @@ import pytest
 
 from teamrt import Envelope, FileMailboxes
 from teamrt.cli.main import main
+from teamrt.mail.filestore import read_cursor
 from teamrt.mail.filestore.framing import decode_high_water
 from tests.test_processes import _acked, _finish, _spawn, _wait_ready
 
@@ -307,3 +308,28 @@ async def test_without_a_mark_repair_says_it_cannot_tell_how_many_are_gone(
     text, report = _repair(team, capsys)
     assert [(g["first_seq"], g["last_seq"]) for g in report["gone"]] == [(2, 3), (4, None)]
     assert "any envelope from seq 4 on" in text and "do not tell how many" in text
+
+
+async def test_repair_of_a_cut_rotated_segment_names_the_seqs_gone_from_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=MEMBERS, segment_bytes=2048) as mail:
+        for i in range(40):
+            await mail.send(Envelope.message("lead", "worker", i))
+    await _handle(team, 20)
+    cursor = read_cursor(team / "inboxes" / "worker.cursor.json")[0]
+    segment = team / "inboxes" / f"worker.{cursor.segment:06d}.jsonl"
+    lines = segment.read_bytes().splitlines(keepends=True)
+    first = json.loads(lines[0])["seq"]
+    assert first < 19 < json.loads(lines[-1])["seq"]  # the cursor is inside this segment
+    segment.write_bytes(b"".join(lines[: 19 - first]))  # cut just before seq 19, handled
+    after_cut = json.loads(lines[-1])["seq"] + 1  # the next segment's first seq
+    _, report = _repair(team, capsys)
+    assert [(g["first_seq"], g["last_seq"], g["handled"]) for g in report["gone"]] == [
+        (19, 19, True),
+        (20, after_cut - 1, False),
+    ]
+    async with FileMailboxes(team) as mail:
+        got = await _drain(mail)
+    assert [e.seq for e in got] == list(range(after_cut, 40))

@@ -320,6 +320,11 @@ def _check_position(
     if after:
         report.fixed.append(f"the envelopes from seq {after[1]} on are delivered")
     _report_gone(store, paths, cursor, report, (boundary, left), after, mark)
+    if after is None and cursor.segment < paths.active_index():
+        # nothing left to read in a rotated segment: on to the next one (a reader takes a
+        # segment shorter than the segment size for one still written, and would wait there)
+        report.fixed.append(f"the cursor goes on to the start of segment {cursor.segment + 1}")
+        return Cursor(cursor.segment + 1, 0, cursor.seq, (), cursor.recent)
     return Cursor(cursor.segment, position, cursor.seq, (), cursor.recent)
 
 
