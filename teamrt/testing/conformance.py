@@ -115,6 +115,25 @@ class MailboxConformance:
             assert [e.id for e in got] == [e.id for e in sent]
             assert [e.seq for e in got] == list(range(50))
 
+    async def test_seq_never_goes_backwards(self, harness: StoreHarness) -> None:
+        """Not after records the store did not write (seq 0, a huge seq), nor after a reopen."""
+        async with harness.open() as mail:
+            for i in range(3):
+                await mail.send(Envelope.message("lead", "worker", i))
+            team = mail.team.encode()
+            for body, seq in (("forged-huge", 2**62), ("forged-0", 0)):
+                harness.write_raw(
+                    "worker", stamp(encode(Envelope.message("lead", "worker", body)), seq, team)
+                )
+            await mail.send(Envelope.message("lead", "worker", "after"))
+        async with harness.open() as mail:
+            await mail.send(Envelope.message("lead", "worker", "reopened"))
+            got = [e for e in await _drain(mail, "worker") if not str(e.body).startswith("forged")]
+        assert [e.body for e in got] == [0, 1, 2, "after", "reopened"]
+        seqs = [e.seq or 0 for e in got]
+        assert seqs == sorted(set(seqs)), seqs  # strictly increasing
+        assert seqs[-1] < 2**62, seqs  # and not dragged up by a record the store did not write
+
     async def test_concurrent_senders_lose_nothing(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
 

@@ -5,12 +5,14 @@ Theory of operation. Each inbox is `inboxes/<agent>.jsonl`, appended to under an
 open, up to its descriptor budget (descriptors.py: idle readers park, idle appenders are dropped, so
 a process runs more members than it may open files). Under the lock an append fstats the log;
 reopens it if it was rotated, deleted or replaced; if the size is not what this process last left,
-reads the tail to seal a torn fragment with a newline and to recover the next `seq`; rotates the log
+seals a torn fragment with a newline and reads the next `seq` from the inbox's high-water mark (the
+first bytes of the lock file, which every append overwrites: appender.py); rotates the log
 into a numbered segment past the size limit (link, then rename a fresh file over the active name, so
 the active file always exists); then writes one stamped line, looping over short writes and
-truncating back to the old size on any error. The common case is four syscalls (flock, fstat, write,
-unlock) run inline on the event loop; a contended lock is first retried for an adaptive few
-microseconds (see `Appender.spin`), then waited for in a worker thread. In `fsync` mode, senders
+truncating back to the old size on any error, and marks it. The common case is six syscalls (flock,
+lseek, write, fstat, the mark's pwrite, unlock) run inline on the event loop; a contended lock is
+first retried for an adaptive few microseconds (see `Appender.spin`), then waited for in a worker
+thread. In `fsync` mode, senders
 then share fdatasync calls (group commit) outside the lock.
 
 Readers take no lock: they pread from their cursor, decode complete lines only, quarantine what

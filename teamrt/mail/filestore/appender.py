@@ -1,10 +1,17 @@
-"""One process's writer for one inbox: the locked append, seq recovery and rotation.
+"""One process's writer for one inbox: the locked append, seq numbering and rotation.
 
 Theory of operation. Under the inbox's flock an append fstats the log. If the file lost its last
 name (deleted, or replaced by a rename) or another process rotated it away, the writer reopens the
 active file. If the size is not what this process last left, it seals a torn tail left by a dead
-writer and recovers the next `seq` from the last line that decodes as an envelope of this inbox
-(so one garbage line cannot move `seq`). Past the segment size it rotates:
+writer and reads the next `seq` from the inbox's high-water mark: the highest seq handed out and
+where the log ended after its line, a fixed-width record at the start of the lock file
+(framing.py) that every writer overwrites under the lock just after its line. The mark, not the
+log's tail, numbers envelopes, so `seq` never goes backwards: not when the tail is cut (below its
+owner's cursor, say), nor when something that is not teamrt appends a line with a seq of its
+own. Lines after the mark's offset count only where they continue its seq one by one (a writer
+killed between its line and its mark). An inbox without a mark (a team written before it
+existed, or a mark that is not one) numbers on from the last line of the log that decodes as
+an envelope of this inbox. Past the segment size it rotates:
 
     link(<agent>.jsonl, <agent>.NNNNNN.jsonl)       the full file gets its segment name
     create <agent>.jsonl.next (O_EXCL|O_NOFOLLOW)   a fresh, empty file
@@ -13,7 +20,8 @@ writer and recovers the next `seq` from the last line that decodes as an envelop
 so the active name always exists; a writer killed (or failing with EMFILE/ENOSPC) between two
 steps leaves segment N and the active file as one inode, which the next writer's rotation simply
 finishes. Then it appends one stamped line, looping over short writes and truncating back on any
-error. Descriptors of rotated files are closed at once (or after an fdatasync in flight on them).
+error, and marks it. Descriptors of rotated files are closed at once (or after an fdatasync in
+flight on them).
 
 The lock is taken without blocking. When another process holds it, the appender spins on the
 non-blocking lock for a budget of microseconds that adapts to whether spinning wins the lock
@@ -21,8 +29,8 @@ here (see `Appender.spin`), and past it waits for the lock in a worker thread.
 
 An appender holds the inbox's lock file and log open between sends. Under the process's
 descriptor budget (descriptors.py) an idle one (no send of this process in it, no fdatasync
-pending) is dropped: the next send opens a new appender, which recovers `seq` from the log's tail
-as any writer does when the log's size is not the one it left.
+pending) is dropped: the next send opens a new appender, which reads the mark as any writer does
+when the log's size is not the one it left.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from teamrt.mail.filestore.fileio import (
     translate,
     write_all,
 )
+from teamrt.mail.filestore.framing import HIGH_WATER_SIZE, HighWater, decode_high_water
 from teamrt.mail.filestore.paths import InboxPaths, same_file
 from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import decode_line, stamp_many
@@ -71,30 +80,15 @@ def last_seq(
     team: str,
     name: str,
     window: int = TAIL_WINDOW,
-    dense_from: int | None = None,
 ) -> int | None:
     """The seq of the last complete line that decodes as an envelope of inbox `name` of `team`,
-    reading backwards from the end.
-
-    `window` is how much to read first: just what other writers added since our last append,
-    in the common case, so the locked section stays short under contention. `dense_from` is the
-    seq the first line of the window has if other writers continued densely from ours; a last
-    line that carries exactly the seq that implies cannot move `seq` anywhere, so it is taken
-    without decoding it (this keeps the locked section short under contention).
-    """
+    reading backwards from the end, `window` bytes first (for an inbox without a mark)."""
     while True:
         start = max(0, size - window)
         chunk = os.pread(fd, size - start, start)
         lines = chunk.split(b"\n")
         if start > 0:
             lines = lines[1:]  # may be a partial line: widen the window instead
-        if dense_from is not None:
-            written = [line for line in lines if line]
-            m = _SEQ_AT_LINE_START.match(written[-1]) if written else None
-            expected = dense_from + len(written) - 1
-            if m is not None and int(m.group(1)) == expected and written[-1].endswith(b"}"):
-                return expected
-            dense_from = None
         for line in reversed(lines):
             m = _SEQ_AT_LINE_START.match(line)
             if m is None:
@@ -109,6 +103,19 @@ def last_seq(
         if start == 0:
             return None
         window *= 4
+
+
+def _read_from(path: os.PathLike[str] | str, start: int) -> bytes | None:
+    """The bytes of `path` from `start` to its end (None if it is shorter, or gone)."""
+    try:
+        fd = os.open(path, O_READ)
+    except FileNotFoundError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, size - start, start) if size >= start else None
+    finally:
+        os.close(fd)
 
 
 class Appender:
@@ -300,53 +307,64 @@ class Appender:
             except OSError as exc:
                 raise translate(exc, self.what) from None
             return self.append_locked(encoded)
-        self.known_size = size + len(line)
-        self.next_seq = first + len(encoded)
+        end = size + len(line)
+        last = first + len(encoded) - 1
+        try:  # noqa: SIM105 -- a try costs nothing here, a suppress() a context per send
+            # the mark (`encode_high_water`, inlined)
+            os.pwrite(self.lock_fd, b"%20d %20d %20d\n" % (last, self.segment, end), 0)
+        except OSError:
+            pass  # the line is sent: the next writer finds it after the mark it left
+        self.known_size = end
+        self.next_seq = last + 1
         return first
 
     def _recover(self, size: int) -> int:
         """Seal a torn tail left by a dead writer and find the next seq. Returns the new size."""
-        if 0 < self.known_size < size and self._continued(size):
+        mark = decode_high_water(os.pread(self.lock_fd, HIGH_WATER_SIZE, 0))
+        if mark is not None and mark.offset == size and mark.segment == self.segment:
+            # the usual case under contention, in one read: another writer appended and
+            # marked, and nothing came after its line (so there is no torn tail either)
+            self.next_seq = max(self.next_seq, mark.seq + 1)
+            self.known_size = size
             return size
-        sealed = False
         if size > 0 and os.pread(self.fd, 1, size - 1) != b"\n":
             write_all(self.fd, b"\n", size, f"seal torn tail of {self.paths.name}'s inbox")
             size += 1
             self.sealed += 1
-            sealed = True
-        known = self.known_size
-        # what others appended since our last append, plus the newline that ended ours
-        window = size - known + 1 if 0 < known < size else TAIL_WINDOW
-        dense = self.next_seq if 0 < known < size and not sealed else None
-        team, name = self.store.team, self.paths.name
-        last = last_seq(self.fd, size, team, name, window, dense) if size > 0 else None
-        if last is None:
-            last = self._last_seq_before(self.segment)
-        self.next_seq = last + 1
+        if mark is not None:
+            last = self._past_mark(mark, size)
+        else:  # no mark yet: the log's last envelope of this inbox decides
+            team, name = self.store.team, self.paths.name
+            found = last_seq(self.fd, size, team, name) if size > 0 else None
+            last = self._last_seq_before(self.segment) if found is None else found
+        # never below what this process handed out (a mark made smaller by hand, say)
+        self.next_seq = max(self.next_seq, last + 1)
         self.known_size = size
         return size
 
-    def _continued(self, size: int) -> bool:
-        """The common case under contention, in one read: other writers appended whole lines
-        after ours and continued `seq` densely from it. True if so (the next seq is then known);
-        otherwise the general recovery runs, as it would have without this check.
+    def _past_mark(self, mark: HighWater, size: int) -> int:
+        """The highest seq handed out: the mark's, or that of the last line a writer killed
+        before it could mark it wrote just after it (in the mark's segment or the next ones).
 
-        The read starts at the newline that ended our last line; the window must end with a
-        newline (no torn tail to seal) and its last line must carry exactly the seq that one
-        more per line since ours implies (then it cannot move `seq` anywhere: see `last_seq`).
+        Only lines that continue the mark's seq one by one count, so a line that is not
+        teamrt's cannot move `seq`; a log that ends before the mark's offset lost its tail,
+        and then nothing after the mark is trusted.
         """
-        start = self.known_size - 1
-        chunk = os.pread(self.fd, size - start, start)
-        end = len(chunk) - 1
-        if end != size - start - 1 or chunk[0] != 10 or chunk[end] != 10 or chunk[end - 1] != 125:
-            return False  # 10: a newline, 125: the closing brace of the last line
-        last = _SEQ_AT_LINE_START.match(chunk, chunk.rfind(b"\n", 0, end) + 1)
-        expected = self.next_seq + chunk.count(b"\n") - 2
-        if last is None or last.group(1) != b"%d" % expected:
-            return False
-        self.next_seq = expected + 1
-        self.known_size = size
-        return True
+        expected = mark.seq + 1
+        for index in range(mark.segment, self.segment + 1):
+            start = mark.offset if index == mark.segment else 0
+            chunk: bytes | None
+            if index == self.segment:
+                chunk = os.pread(self.fd, size - start, start) if size > start else b""
+            else:
+                chunk = _read_from(self.paths.segment(index), start)
+            if chunk is None or (index == self.segment and size < start):
+                break
+            for line in chunk.split(b"\n")[:-1]:
+                m = _SEQ_AT_LINE_START.match(line)
+                if m is not None and int(m.group(1)) == expected and line.endswith(b"}"):
+                    expected += 1
+        return expected - 1
 
     def _last_seq_before(self, segment: int) -> int:
         for index in reversed(range(segment)):

@@ -5,13 +5,16 @@ were read into complete lines and holds an unterminated tail back, because a tai
 newline may be a write still in progress; the reader turns frames into store-neutral `Entry`
 records whose positions are `(segment, byte offset)`. The cursor file holds two CRC-checked slots
 of one page each (`encode_slot`, `decode_slots`): a commit overwrites the older slot, and a slot
-torn by a crash fails its CRC so the other one is used.
+torn by a crash fails its CRC so the other one is used. The inbox's lock file holds the inbox's
+high-water mark: the highest `seq` handed out and where the log ended after it, as one
+fixed-width line (`encode_high_water`).
 """
 
 from __future__ import annotations
 
 import json
 import zlib
+from typing import NamedTuple
 
 from teamrt.mail.log import (
     DEFAULT_MAX_LINE,
@@ -22,7 +25,17 @@ from teamrt.mail.log import (
     decode_entry,
 )
 
-__all__ = ["LineDecoder", "LineSplitter", "decode_all", "decode_slots", "encode_slot"]
+__all__ = [
+    "HIGH_WATER_SIZE",
+    "HighWater",
+    "LineDecoder",
+    "LineSplitter",
+    "decode_all",
+    "decode_high_water",
+    "decode_slots",
+    "encode_high_water",
+    "encode_slot",
+]
 
 
 class LineSplitter:
@@ -177,3 +190,40 @@ def decode_slots(data: bytes) -> tuple[Cursor, int] | None:
         if best is None or gen > best[1]:
             best = (cursor, gen)
     return best
+
+
+# --- the high-water mark -----------------------------------------------------------------------
+
+
+class HighWater(NamedTuple):
+    """An inbox's high-water mark: `seq`, the highest seq handed out, and where the log ended
+    just after the line that holds it (`segment`, byte `offset`)."""
+
+    seq: int
+    segment: int
+    offset: int
+
+
+#: The mark's record: three fields of 20 digits (any value below 2**63), right-aligned and
+#: separated by spaces, and a newline. Fixed-width, so each write overwrites the whole record.
+HIGH_WATER_SIZE = 63
+_HIGH_WATER_LIMIT = 1 << 63
+
+
+def encode_high_water(mark: HighWater) -> bytes:
+    """The mark as the record a lock file holds at its start."""
+    return b"%20d %20d %20d\n" % mark
+
+
+def decode_high_water(data: bytes) -> HighWater | None:
+    """The mark a lock file's first bytes hold, or None if they hold none (an empty file, as
+    teams written before the mark have, or bytes that are not a mark: then the log decides)."""
+    if len(data) < HIGH_WATER_SIZE or data[HIGH_WATER_SIZE - 1] != 10:  # 10: a newline
+        return None
+    fields = data[: HIGH_WATER_SIZE - 1].split()
+    if len(fields) != 3 or not all(f.isascii() and f.isdigit() for f in fields):
+        return None
+    seq, segment, offset = (int(f) for f in fields)
+    if max(seq, segment, offset) >= _HIGH_WATER_LIMIT:
+        return None
+    return HighWater(seq, segment, offset)

@@ -6,29 +6,34 @@ missing active log, seals a torn tail, and then checks the committed cursor agai
 way a reader does on open. When they disagree it moves the cursor back to the last position it
 can prove was handled, never past one it cannot:
 
-- the log is shorter than the cursor (truncated): the last line boundary within what is left;
-- the bytes before the cursor are not the ones it was written after (replaced or rewritten):
-  just after the last line whose id the cursor lists as recently handled, else the segment start;
+- the log is shorter than the cursor (truncated), or the bytes before the cursor are not the ones
+  it was written after (truncated and written again, replaced, rewritten): just before the first
+  envelope of this inbox whose seq is above the last one the owner handled, else after the last
+  whole line. `seq` never goes backwards (the writers number from the inbox's high-water mark,
+  not from the log), so every envelope written after the damage is above it and is delivered;
 - the cursor names a segment that does not exist, or its file has no valid slot: the start of
   the oldest segment that exists (everything is delivered again, at-least-once).
 
 Everything after the new position is delivered again (duplicates are dropped by id where the
-cursor remembers them). What was in bytes that are gone cannot be delivered; the report says
-which bytes and seqs those were, as far as the files still tell, and names the claim checks
-whose blob (`blobs/<sha256>`) is missing or fails its digest check.
+cursor remembers them). What was in bytes that are gone cannot be delivered; the report names
+those seqs exactly (`Gone`): the handled ones between what is left and the cursor, and the ones
+written after the cursor and before the damage, up to the first seq written since (or the mark,
+if nothing was). It also names the claim checks whose blob (`blobs/<sha256>`) is missing or
+fails its digest check.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from teamrt.codec import CLAIM, decode_fields
+from teamrt.envelopes import Envelope
 from teamrt.errors import StoreError, UnknownRecipient
 from teamrt.mail.claims import claim_of
+from teamrt.mail.filestore.appender import last_seq
 from teamrt.mail.filestore.blobs import read_blob
 from teamrt.mail.filestore.fileio import (
     O_READ,
@@ -38,15 +43,56 @@ from teamrt.mail.filestore.fileio import (
     translate,
     write_all,
 )
-from teamrt.mail.filestore.framing import LineSplitter, encode_slot
+from teamrt.mail.filestore.framing import (
+    HIGH_WATER_SIZE,
+    HighWater,
+    LineSplitter,
+    decode_high_water,
+    encode_high_water,
+    encode_slot,
+)
 from teamrt.mail.filestore.paths import InboxPaths, same_file
 from teamrt.mail.filestore.reader import CURSOR_SLOT, read_cursor, tail_crc
 from teamrt.mail.filestore.store import FileStore
-from teamrt.mail.log import Cursor
+from teamrt.mail.log import Cursor, decode_line
 from teamrt.mail.signing import check_key, key_fingerprint
 from teamrt.mail.store import run_local
 
 _CLAIM = b'"%s":' % CLAIM.encode()  # in a record that may be a claim check
+
+
+@dataclass(frozen=True)
+class Gone:
+    """Envelopes `first_seq` to `last_seq` of one inbox that are no longer in its log: they
+    began at byte `start` of segment `segment` and ended at `end` (None: the files do not tell).
+    `handled`: the owner had handled them all (nothing is missing for it); otherwise they were
+    written after its cursor, and were never delivered or delivered and not acknowledged.
+    `last_seq` is None when nothing tells where they ended."""
+
+    segment: int
+    first_seq: int
+    last_seq: int | None
+    start: int
+    end: int | None
+    handled: bool
+
+    def describe(self, path: Path) -> str:
+        if self.last_seq is None:
+            return (
+                f"any envelope from seq {self.first_seq} on that was written after byte "
+                f"{self.start} of {path} before the damage is gone (the files do not tell "
+                "how many there were)"
+            )
+        seqs = f"seq {self.first_seq} to {self.last_seq}"
+        if self.handled:
+            return (
+                f"bytes {self.start} to {self.end} of {path} are gone: envelopes {seqs}, "
+                "all handled by the owner (nothing is missing for it)"
+            )
+        return (
+            f"envelopes {seqs}, written after byte {self.start} of {path} and not handled by "
+            "the owner, are gone (never delivered, or delivered and not acknowledged)"
+        )
 
 
 @dataclass
@@ -56,18 +102,21 @@ class InboxRepair:
     name: str
     fixed: list[str] = field(default_factory=list)  # what was repaired, and how
     lost: list[str] = field(default_factory=list)  # what cannot be delivered
+    handled_gone: list[str] = field(default_factory=list)  # handled, and gone from the log
+    gone: list[Gone] = field(default_factory=list)  # the seqs of both, exactly
     cursor_before: tuple[int, int] | None = None
     cursor_after: tuple[int, int] | None = None
 
     @property
     def ok(self) -> bool:
         """True if nothing needed repair."""
-        return not self.fixed and not self.lost
+        return not self.fixed and not self.lost and not self.handled_gone
 
     def lines(self) -> list[str]:
         if self.ok:
             return [f"{self.name}: nothing to repair"]
         out = [f"{self.name}: repaired: {item}" for item in self.fixed]
+        out += [f"{self.name}: handled before the damage: {item}" for item in self.handled_gone]
         out += [f"{self.name}: cannot be delivered: {item}" for item in self.lost]
         return out
 
@@ -77,6 +126,8 @@ class InboxRepair:
             "ok": self.ok,
             "fixed": self.fixed,
             "lost": self.lost,
+            "handled_gone": self.handled_gone,
+            "gone": [asdict(gone) for gone in self.gone],
             "cursor_before": self.cursor_before,
             "cursor_after": self.cursor_after,
         }
@@ -92,15 +143,20 @@ def _lines(path: Path) -> list[tuple[int, int, bytes]]:
     return out
 
 
-def _id_and_seq(raw: bytes) -> tuple[str | None, int | None]:
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None, None
-    if not isinstance(data, dict):
-        return None, None
-    seq = data.get("seq")
-    return data.get("id"), seq if isinstance(seq, int) else None
+def _envelope_seq(raw: bytes, team: str, name: str) -> int | None:
+    """The seq of a line that is an envelope of inbox `name` of `team` (None for any other)."""
+    envelope = decode_line(raw)
+    if (
+        isinstance(envelope, Envelope)
+        and envelope.team == team
+        and envelope.recipient
+        in (
+            name,
+            "*",
+        )
+    ):
+        return envelope.seq
+    return None
 
 
 def _segment_path(paths: InboxPaths, index: int) -> Path:
@@ -123,7 +179,10 @@ def repair_inbox(store: FileStore, name: str) -> InboxRepair:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             _repair_files(store, paths, report)
-            _repair_cursor(store, paths, report)
+            mark = decode_high_water(os.pread(lock_fd, HIGH_WATER_SIZE, 0))
+            _repair_cursor(store, paths, report, mark)
+            if mark is None:
+                _write_mark(store, paths, lock_fd)
             _check_blobs(store, paths, report)
         finally:
             os.close(lock_fd)
@@ -171,7 +230,9 @@ def _repair_files(store: FileStore, paths: InboxPaths, report: InboxRepair) -> N
         os.close(fd)
 
 
-def _repair_cursor(store: FileStore, paths: InboxPaths, report: InboxRepair) -> None:
+def _repair_cursor(
+    store: FileStore, paths: InboxPaths, report: InboxRepair, mark: HighWater | None
+) -> None:
     cursor, gen, _ = read_cursor(paths.cursor)
     active = paths.active_index()
     report.cursor_before = (cursor.segment, cursor.offset)
@@ -193,7 +254,7 @@ def _repair_cursor(store: FileStore, paths: InboxPaths, report: InboxRepair) -> 
             f"(the last handled envelope had seq {cursor.seq})"
         )
     else:
-        new = _check_position(paths, cursor, report)
+        new = _check_position(store, paths, cursor, report, mark)
     if new is None:
         return
     path = _segment_path(paths, new.segment)
@@ -209,53 +270,129 @@ def _repair_cursor(store: FileStore, paths: InboxPaths, report: InboxRepair) -> 
     report.cursor_after = (new.segment, new.offset)
 
 
-def _check_position(paths: InboxPaths, cursor: Cursor, report: InboxRepair) -> Cursor | None:
+def _check_position(
+    store: FileStore,
+    paths: InboxPaths,
+    cursor: Cursor,
+    report: InboxRepair,
+    mark: HighWater | None,
+) -> Cursor | None:
     path = _segment_path(paths, cursor.segment)
     size = path.stat().st_size
+    truncated = size < cursor.offset
+    if not truncated:
+        if cursor.tail is None:
+            return None
+        fd = os.open(path, O_READ)
+        try:
+            same = tail_crc(fd, cursor.offset) == cursor.tail
+        finally:
+            os.close(fd)
+        if same:
+            return None
     lines = _lines(path)
-    if size < cursor.offset:
-        boundary = max((end for _, end, _ in lines if end <= size), default=0)
-        seqs = [s for _, end, raw in lines if end <= boundary for s in [_id_and_seq(raw)[1]]]
-        last_seq = max((s for s in seqs if s is not None), default=-1)
+    # what is left before the damage (envelopes at or below the cursor's seq), and the first
+    # envelope written after it: seq never goes backwards, so it is above the cursor's seq
+    boundary, left, after = 0, _seq_before(store, paths, cursor.segment), None
+    for start, end, raw in lines:
+        seq = _envelope_seq(raw, store.team, paths.name)
+        if seq is None:
+            continue
+        if seq > cursor.seq:
+            after = (start, seq)
+            break
+        boundary, left = end, max(left, seq)
+    position = after[0] if after else max((end for _, end, _ in lines), default=0)
+    where = (
+        f"before the first envelope written since (seq {after[1]})"
+        if after
+        else "the end of the last whole line left"
+    )
+    if truncated:
         report.fixed.append(
             f"{path} is {size} bytes but the cursor was at {cursor.offset}: moved the cursor "
-            f"back to {boundary}, the end of the last whole line left"
+            f"back to {position}, {where}"
         )
-        report.lost.append(
-            f"bytes {size} to {cursor.offset} of {path} are gone (handled envelopes, seq "
-            f"{last_seq + 1} to {cursor.seq}), and with them any envelope written after byte "
-            f"{cursor.offset} before the truncation; envelopes sent since are delivered"
+    else:
+        report.fixed.append(
+            f"{path} is not the file the cursor was written for (the bytes before offset "
+            f"{cursor.offset} differ): moved the cursor to {position}, {where}"
         )
-        return Cursor(cursor.segment, boundary, last_seq, (), cursor.recent)
-    if cursor.tail is None:
-        return None
-    fd = os.open(path, O_READ)
-    try:
-        same = tail_crc(fd, cursor.offset) == cursor.tail
-    finally:
-        os.close(fd)
-    if same:
-        return None
-    recent = set(cursor.recent)
-    position, last_seq = 0, -1
-    for _, end, raw in lines:
-        id_, seq = _id_and_seq(raw)
-        if id_ in recent:
-            position, last_seq = end, seq if seq is not None else last_seq
-    report.fixed.append(
-        f"{path} is not the file the cursor was written for (the bytes before offset "
-        f"{cursor.offset} differ): moved the cursor to {position}, "
-        + (
-            "after the last envelope it lists as handled"
-            if position
-            else "the start of the file, as it holds no envelope the cursor lists as handled"
-        )
-    )
-    report.lost.append(
-        f"the envelopes the replaced {path.name} held after the cursor (handled up to seq "
-        f"{cursor.seq}) are not in the new file"
-    )
-    return Cursor(cursor.segment, position, last_seq, (), cursor.recent)
+    if after:
+        report.fixed.append(f"the envelopes from seq {after[1]} on are delivered")
+    _report_gone(store, paths, cursor, report, (boundary, left), after, mark)
+    if after is None and cursor.segment < paths.active_index():
+        # nothing left to read in a rotated segment: on to the next one (a reader takes a
+        # segment shorter than the segment size for one still written, and would wait there)
+        report.fixed.append(f"the cursor goes on to the start of segment {cursor.segment + 1}")
+        return Cursor(cursor.segment + 1, 0, cursor.seq, (), cursor.recent)
+    return Cursor(cursor.segment, position, cursor.seq, (), cursor.recent)
+
+
+def _report_gone(
+    store: FileStore,
+    paths: InboxPaths,
+    cursor: Cursor,
+    report: InboxRepair,
+    left: tuple[int, int],
+    after: tuple[int, int] | None,
+    mark: HighWater | None,
+) -> None:
+    """Name the seqs no longer in the log: handled ones between what is left (`left`: the end
+    of its last envelope and that envelope's seq) and the cursor, then unhandled ones between
+    the cursor and the first envelope written since (`after`), or the mark if none was."""
+    path = _segment_path(paths, cursor.segment)
+    boundary, left_seq = left
+    gone = []
+    if left_seq < cursor.seq:
+        gone.append(Gone(cursor.segment, left_seq + 1, cursor.seq, boundary, cursor.offset, True))
+    if after is None:
+        after = _first_after(store, paths, cursor.segment + 1)
+    last = after[1] - 1 if after is not None else mark.seq if mark is not None else None
+    if last is None or last > cursor.seq:
+        gone.append(Gone(cursor.segment, cursor.seq + 1, last, cursor.offset, None, False))
+    for item in gone:
+        report.gone.append(item)
+        (report.handled_gone if item.handled else report.lost).append(item.describe(path))
+
+
+def _seq_before(store: FileStore, paths: InboxPaths, segment: int) -> int:
+    """The seq of the last envelope of this inbox in the segments before `segment` (or -1)."""
+    for index in reversed(range(segment)):
+        fd = os.open(paths.segment(index), O_READ)
+        try:
+            last = last_seq(fd, os.fstat(fd).st_size, store.team, paths.name)
+        finally:
+            os.close(fd)
+        if last is not None:
+            return last
+    return -1
+
+
+def _first_after(store: FileStore, paths: InboxPaths, segment: int) -> tuple[int, int] | None:
+    """(0, seq) of the first envelope of this inbox in segment `segment` or a later one."""
+    for index in range(segment, paths.active_index() + 1):
+        for _, _, raw in _lines(_segment_path(paths, index)):
+            seq = _envelope_seq(raw, store.team, paths.name)
+            if seq is not None:
+                return 0, seq
+    return None
+
+
+def _write_mark(store: FileStore, paths: InboxPaths, lock_fd: int) -> None:
+    """Give an inbox without a high-water mark (a team written before it existed) the one its
+    log implies, so that no later damage to the log's tail can move its seq back."""
+    active = paths.active_index()
+    for index in reversed(range(active + 1)):
+        fd = os.open(_segment_path(paths, index), O_READ)
+        try:
+            last = last_seq(fd, os.fstat(fd).st_size, store.team, paths.name)
+        finally:
+            os.close(fd)
+        if last is not None:
+            mark = HighWater(last, active, os.stat(paths.log).st_size)
+            os.pwrite(lock_fd, encode_high_water(mark), 0)
+            return
 
 
 def repair_team(
