@@ -43,7 +43,9 @@ class Cursor:
     none), used to report lag. `recent` holds the most recently handled ids; an envelope carrying
     one of them again (a sender that retried after a crash) is a duplicate and is dropped. `tail`
     is the store's check of what lies before the position (the file store's CRC-32 of the 256
-    bytes before the offset), so that an inbox truncated or replaced under the cursor is noticed.
+    bytes before the offset), so that an inbox truncated or replaced under the cursor is noticed;
+    `head`, `ino` and `born` are the file store's further marks of the file the position is in
+    (the CRC of its first 256 bytes, its inode number, its birth time; 0 where not known).
     `acked` is the format's older way of saying what was handled ahead (ids); it is read, never
     written.
     """
@@ -55,6 +57,9 @@ class Cursor:
     recent: tuple[str, ...] = ()
     ahead: tuple[Range, ...] = ()
     tail: str | None = None
+    head: str | None = None
+    ino: int = 0
+    born: int = 0
 
     def to_json_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -69,6 +74,10 @@ class Cursor:
             data["acked"] = list(self.acked)
         if self.tail is not None:
             data["tail"] = self.tail
+        if self.head is not None:
+            data["head"] = self.head
+        if self.ino:
+            data["ino"], data["born"] = self.ino, self.born
         return data
 
     @property
@@ -87,6 +96,9 @@ class Cursor:
             tuple(str(x) for x in data.get("recent", ())),
             ahead,
             None if tail is None else str(tail),
+            None if data.get("head") is None else str(data["head"]),
+            int(data.get("ino", 0)),
+            int(data.get("born", 0)),
         )
 
 

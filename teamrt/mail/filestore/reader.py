@@ -87,6 +87,44 @@ def tail_crc(fd: int, offset: int) -> str:
     return f"{zlib.crc32(os.pread(fd, offset - start, start)):08x}"
 
 
+def file_marks(cursor: Cursor, fd: int) -> Cursor:
+    """`cursor` with the marks of `fd`'s file, the one its position is in: the CRCs of the first
+    and of the last `TAIL_CHECK` bytes before its offset, its inode number and birth time."""
+    head, tail = read_marks(fd, cursor.offset)
+    _, ino, _, born = identify(fd)
+    return Cursor(
+        *(cursor.segment, cursor.offset, cursor.seq, cursor.acked, cursor.recent, cursor.ahead),
+        f"{tail:08x}",
+        f"{head:08x}",
+        ino,
+        born,
+    )
+
+
+def not_the_file(cursor: Cursor, fd: int) -> str | None:
+    """How `fd`'s file (at least `cursor.offset` bytes long) is not the one `cursor` was written
+    for, or None where its marks agree. A mark the cursor lacks (written by older code) is not
+    checked. The birth time is compared only at the same inode number: a copy of the team has
+    other numbers and times and the same bytes, and is the same log."""
+    head, tail = read_marks(fd, cursor.offset)
+    differ = "is not the file the cursor was written for"
+    if cursor.tail is not None and f"{tail:08x}" != cursor.tail:
+        return (
+            f"{differ}: the bytes before offset {cursor.offset} differ (the log was replaced "
+            "or rewritten)"
+        )
+    if cursor.head is not None and f"{head:08x}" != cursor.head:
+        return f"{differ}: its first bytes differ (the log was replaced or rewritten)"
+    if cursor.born:
+        _, ino, _, born = identify(fd)
+        if ino == cursor.ino and born and born != cursor.born:
+            return (
+                f"{differ}: it was created again (a new file got the old one's inode number, "
+                "but it was created later)"
+            )
+    return None
+
+
 def repair_hint(store_path: Path, name: str) -> str:
     return f"run `teamrt repair {store_path} --inbox {name}`"
 
@@ -174,12 +212,9 @@ class FileReader(InboxReader):
                 f"is {size} bytes, but the cursor says {cursor.offset} bytes of it were handled "
                 "(the log was truncated, or deleted and created again)",
             )
-        if cursor.tail is not None and tail_crc(self.fd, cursor.offset) != cursor.tail:
-            raise self._corrupt(
-                path if path.exists() else self.paths.log,
-                f"is not the file the cursor was written for: the bytes before offset "
-                f"{cursor.offset} differ (the log was replaced or rewritten)",
-            )
+        differs = not_the_file(cursor, self.fd)
+        if differs is not None:
+            raise self._corrupt(path if path.exists() else self.paths.log, differs)
         self.decoder = LineSplitter(
             cursor.offset, max_line=self.store.max_line, segment=cursor.segment
         )
@@ -414,15 +449,7 @@ class FileReader(InboxReader):
         durable = self.store.durability == "fsync"
         what = f"commit {self.paths.name}'s cursor"
         try:
-            cursor = Cursor(
-                cursor.segment,
-                cursor.offset,
-                cursor.seq,
-                cursor.acked,
-                cursor.recent,
-                cursor.ahead,
-                tail_crc(self._fd_of(cursor.segment), cursor.offset),
-            )
+            cursor = file_marks(cursor, self._fd_of(cursor.segment))
             slot = encode_slot(cursor, gen, self._slot_size)
             if self._cursor_fd < 0 and self._cursor_gen > 0 and slot is not None:
                 self._reopen_cursor()  # given back under the descriptor budget

@@ -52,7 +52,7 @@ from teamrt.mail.filestore.framing import (
     encode_slot,
 )
 from teamrt.mail.filestore.paths import InboxPaths, same_file
-from teamrt.mail.filestore.reader import CURSOR_SLOT, read_cursor, tail_crc
+from teamrt.mail.filestore.reader import CURSOR_SLOT, file_marks, not_the_file, read_cursor
 from teamrt.mail.filestore.store import FileStore
 from teamrt.mail.log import Cursor, decode_line
 from teamrt.mail.signing import check_key, key_fingerprint
@@ -260,7 +260,7 @@ def _repair_cursor(
     path = _segment_path(paths, new.segment)
     fd = os.open(path, O_READ)
     try:
-        new = Cursor(new.segment, new.offset, new.seq, (), new.recent, (), tail_crc(fd, new.offset))
+        new = file_marks(Cursor(new.segment, new.offset, new.seq, (), new.recent), fd)
     finally:
         os.close(fd)
     slot_size = CURSOR_SLOT
@@ -279,16 +279,14 @@ def _check_position(
 ) -> Cursor | None:
     path = _segment_path(paths, cursor.segment)
     size = path.stat().st_size
-    truncated = size < cursor.offset
+    truncated, differs = size < cursor.offset, None
     if not truncated:
-        if cursor.tail is None:
-            return None
         fd = os.open(path, O_READ)
         try:
-            same = tail_crc(fd, cursor.offset) == cursor.tail
+            differs = not_the_file(cursor, fd)
         finally:
             os.close(fd)
-        if same:
+        if differs is None:
             return None
     lines = _lines(path)
     # what is left before the damage (envelopes at or below the cursor's seq), and the first
@@ -314,10 +312,7 @@ def _check_position(
             f"back to {position}, {where}"
         )
     else:
-        report.fixed.append(
-            f"{path} is not the file the cursor was written for (the bytes before offset "
-            f"{cursor.offset} differ): moved the cursor to {position}, {where}"
-        )
+        report.fixed.append(f"{path} {differs}: moved the cursor to {position}, {where}")
     if after:
         report.fixed.append(f"the envelopes from seq {after[1]} on are delivered")
     _report_gone(store, paths, cursor, report, (boundary, left), after, mark)
