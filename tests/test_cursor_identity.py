@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -119,11 +118,10 @@ async def test_another_process_opening_the_inbox_refuses_it(tmp_path: Path) -> N
         "            print('refused:', exc)\n"
         "anyio.run(main)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(team)], capture_output=True, text=True, timeout=50
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("refused:") and "teamrt repair" in done.stdout
+    done = await anyio.run_process([sys.executable, "-c", script, str(team)], check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    assert out.startswith("refused:") and "first bytes" in out and "teamrt repair" in out
 
 
 async def test_a_cursor_for_a_file_created_again_at_its_inode_number_is_refused(
