@@ -45,7 +45,7 @@ from teamrt.mail.filestore.fileio import (
     write_all,
 )
 from teamrt.mail.filestore.framing import LineSplitter, decode_slots, encode_slot
-from teamrt.mail.filestore.identity import identify, read_marks
+from teamrt.mail.filestore.identity import CHECK, identify, read_marks
 from teamrt.mail.filestore.paths import FIRST_READ, READ_CHUNK, InboxPaths
 from teamrt.mail.log import Corrupt, Cursor, Entry
 from teamrt.mail.store import InboxReader
@@ -142,6 +142,7 @@ class FileReader(InboxReader):
         self.busy = False  # a commit in a worker thread uses the descriptors: never parked then
         self.born = 0  # its birth time (identity.py), 0 where the file system keeps none
         self._parked_marks = (0, 0)  # while parked: CRCs of the bytes before the position
+        self._head = (-1, "")  # (segment, the cursor's CRC of its first CHECK bytes), once known
         self._parked = False
         self.decoder = LineSplitter(max_line=store.max_line)
         try:
@@ -449,7 +450,7 @@ class FileReader(InboxReader):
         durable = self.store.durability == "fsync"
         what = f"commit {self.paths.name}'s cursor"
         try:
-            cursor = file_marks(cursor, self._fd_of(cursor.segment))
+            cursor = self._marked(cursor)
             slot = encode_slot(cursor, gen, self._slot_size)
             if self._cursor_fd < 0 and self._cursor_gen > 0 and slot is not None:
                 self._reopen_cursor()  # given back under the descriptor budget
@@ -464,6 +465,25 @@ class FileReader(InboxReader):
         except OSError as exc:
             raise translate(exc, what) from None
         self._cursor_gen = gen
+
+    def _marked(self, cursor: Cursor) -> Cursor:
+        """`file_marks(cursor, ...)` at a commit's cost: the identity of the reader's own segment
+        is known since it opened it, and its first bytes never change once there are `CHECK`."""
+        segment, offset = cursor.segment, cursor.offset
+        fd = self._fd_of(segment)
+        if segment != self.segment:
+            return file_marks(cursor, fd)
+        head_segment, head = self._head
+        if head_segment != segment or offset < CHECK:
+            head = f"{zlib.crc32(os.pread(fd, min(offset, CHECK), 0)):08x}"
+            self._head = (segment, head) if offset >= CHECK else (-1, "")
+        return Cursor(
+            *(segment, offset, cursor.seq, cursor.acked, cursor.recent, cursor.ahead),
+            tail_crc(fd, offset),
+            head,
+            self.ino,
+            self.born,
+        )
 
     async def changed_elsewhere(self) -> bool:
         try:
