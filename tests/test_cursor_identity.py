@@ -206,3 +206,28 @@ async def test_repair_of_a_log_recreated_with_another_first_envelope(
     capsys.readouterr()
     assert main(["repair", str(team), "--inbox", "worker"]) == 0
     assert "nothing to repair" in capsys.readouterr().out  # the new cursor has the new marks
+
+
+async def test_a_rotated_segment_cut_short_with_unread_lines_does_not_stall_the_reader(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rotated segment cut after the rotation, above the cursor: its lines left are read, and
+    the reader goes on to the next segment (a segment shorter than the segment size used to be
+    taken for one still being written, and the reader waited at its end for ever)."""
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=MEMBERS, segment_bytes=2048) as mail:
+        for i in range(3):
+            await mail.send(Envelope.message("lead", "worker", i))
+        await mail.inbox("worker").ack(*await _drain(mail))
+    await _send(team, range(3, 40))  # rotates at least twice
+    first = team / "inboxes" / "worker.000000.jsonl"
+    lines = first.read_bytes().splitlines(keepends=True)
+    first.write_bytes(b"".join(lines[:-2]))  # the last two lines of segment 0 are gone
+    lost = {json.loads(line)["body"] for line in lines[-2:]}
+    async with FileMailboxes(team) as mail:
+        inbox, got = mail.inbox("worker"), []
+        with anyio.fail_after(20):
+            while len(got) < 37 - len(lost):
+                got.append((await inbox.receive(10)).body)
+        assert got == [i for i in range(3, 40) if i not in lost]
+    assert "worker.000000.jsonl" in caplog.text and "cut after it was rotated" in caplog.text

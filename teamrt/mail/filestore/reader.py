@@ -143,6 +143,7 @@ class FileReader(InboxReader):
         self.born = 0  # its birth time (identity.py), 0 where the file system keeps none
         self._parked_marks = (0, 0)  # while parked: CRCs of the bytes before the position
         self._head = (-1, "")  # (segment, the cursor's CRC of its first CHECK bytes), once known
+        self._sealed = False  # its segment was opened by its rotated name: nothing is added
         self._parked = False
         self.decoder = LineSplitter(max_line=store.max_line)
         try:
@@ -250,6 +251,7 @@ class FileReader(InboxReader):
         was_open = self.fd >= 0
         self.fd, self.segment = fd, index
         self.dev, self.ino, _, self.born = identify(fd)
+        self._sealed = path == rotated and not self._active()
         self.decoder = LineSplitter(max_line=self.store.max_line, segment=index)
         self.caught_up = False
         self._parked = False
@@ -324,6 +326,15 @@ class FileReader(InboxReader):
                 "deleted and created again)",
             )
 
+    def _active(self) -> bool:
+        """True if our file is the active log (a rotation that stopped before its rename leaves
+        the segment's name on the active file: it is not sealed yet)."""
+        try:
+            st = os.stat(self._log_path)
+        except FileNotFoundError:
+            return False
+        return st.st_ino == self.ino and st.st_dev == self.dev
+
     def _rotated(self, size: int) -> bool:
         """True if our segment was rotated away. Rotation happens only to a file that reached
         the team's segment size, so below that size no stat of the path is needed."""
@@ -346,7 +357,7 @@ class FileReader(InboxReader):
             if chunk and len(chunk) < FIRST_READ:  # the usual case: `_read`'s first step
                 entries = decoder.feed(chunk)
                 # all there was, and the segment is not full (a full one may have been rotated)
-                self.caught_up = decoder.offset < self.store.segment_bytes
+                self.caught_up = decoder.offset < self.store.segment_bytes and not self._sealed
                 return entries
             return self._read(chunk)
         except OSError as exc:
@@ -374,7 +385,7 @@ class FileReader(InboxReader):
                         break
                     entries = decoder.feed(chunk)
             # all there was, and the segment is not full (a full one may have been rotated)
-            self.caught_up = decoder.offset >= size < self.store.segment_bytes
+            self.caught_up = decoder.offset >= size < self.store.segment_bytes and not self._sealed
             return entries
         offset = decoder.offset
         st = os.fstat(self.fd)  # nothing new: truncated, deleted or rotated?
@@ -390,7 +401,9 @@ class FileReader(InboxReader):
             )
         if st.st_nlink == 0:
             raise self._corrupt(self.paths.log, "was deleted or replaced while it was read")
-        if not self._rotated(size) or not self.paths.segment(self.segment).exists():
+        if not self._sealed and (
+            not self._rotated(size) or not self.paths.segment(self.segment).exists()
+        ):
             # nothing new: caught up (a wake-up that found nothing must not leave the next
             # receive reading again, nor reopen a parked reader), unless the segment is full
             self.caught_up = size < self.store.segment_bytes
@@ -399,6 +412,15 @@ class FileReader(InboxReader):
         size = os.fstat(self.fd).st_size
         if size > offset:
             return self.decoder.feed(os.pread(self.fd, size - offset, offset))
+        if size < self.store.segment_bytes:
+            log.warning(
+                "%s ends at %d bytes, short of the segment size %d: it was cut after it was "
+                "rotated, and whatever it held past its end is gone; reading on in segment %d",
+                self.paths.segment(self.segment),
+                size,
+                self.store.segment_bytes,
+                self.segment + 1,
+            )
         leftover = self.decoder.flush()
         self._open_segment(self.segment + 1)
         if leftover is not None:  # rotation seals torn tails: only hand-edited files get here
