@@ -4,8 +4,9 @@ Theory of operation. A reader takes no lock. It preads from its position in the 
 frames complete lines only, and moves to the next segment once its file was rotated away and read
 to the end. The cursor file holds two CRC-checked slots; a commit overwrites the older one with a
 single pwrite (see `commit`). A cursor is checked against the log when it is loaded and on every
-read: a segment shorter than the position, a file that lost its name, or bytes before the
-position that are not the ones the cursor was written after (its `tail` CRC) raise `StoreCorrupt`,
+read: a segment shorter than the position, a file that lost its name, or a file that is not the
+one the cursor was written for (`not_the_file`: its first bytes and those before the position, its
+birth time at its inode number, as the cursor recorded them) raise `StoreCorrupt`,
 naming the file and `teamrt repair`; the reader never silently skips or re-reads a log that
 changed under it. A cursor file with no valid slot is set aside and the inbox is read again from
 the start (at-least-once), never left unopenable.

@@ -6,8 +6,9 @@ missing active log, seals a torn tail, and then checks the committed cursor agai
 way a reader does on open. When they disagree it moves the cursor back to the last position it
 can prove was handled, never past one it cannot:
 
-- the log is shorter than the cursor (truncated), or the bytes before the cursor are not the ones
-  it was written after (truncated and written again, replaced, rewritten): just before the first
+- the log is shorter than the cursor (truncated), or it is not the file the cursor was written for
+  (its first bytes or those before the cursor differ, or it was created again at the same inode
+  number: truncated and written again, replaced, rewritten, recreated): just before the first
   envelope of this inbox whose seq is above the last one the owner handled, else after the last
   whole line. `seq` never goes backwards (the writers number from the inbox's high-water mark,
   not from the log), so every envelope written after the damage is above it and is delivered;
