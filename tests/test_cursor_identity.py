@@ -21,6 +21,7 @@ from teamrt.errors import StoreCorrupt
 from teamrt.mail.filestore import identity, read_cursor
 from teamrt.mail.filestore.framing import encode_slot
 from teamrt.mail.log import Cursor
+from tests.test_reopened_logs import _NotReused, _recreate
 
 MEMBERS = ("lead", "worker")
 
@@ -153,6 +154,40 @@ async def test_a_cursor_for_a_file_created_again_at_its_inode_number_is_refused(
         ),
     )
     assert "created again" in await _refused_at_open(team)
+
+
+async def test_a_log_created_again_with_its_inode_number_and_nearly_its_bytes_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Deleted while no owner ran and created again with the freed inode number, every byte the
+    same but one in the middle (outside both checked ranges): the birth time tells, at open and
+    in `teamrt repair`."""
+    for attempt in range(5):
+        team = tmp_path / f"t{attempt}"
+        data = await _handled(team, 6)
+        log = team / "inboxes" / "worker.jsonl"
+        fd = os.open(log, os.O_RDONLY)
+        try:
+            kept = identity.birth_time(fd)
+        finally:
+            os.close(fd)
+        if not kept:
+            pytest.skip("this file system records no birth time (statx stx_btime)")
+        try:
+            _recreate(log, _flip(data, len(data) // 2))
+            break
+        except _NotReused:
+            continue
+    else:
+        pytest.skip("this file system did not hand a freed inode number out again (5 attempts)")
+    assert "created again" in await _refused_at_open(team)
+    capsys.readouterr()
+    assert main(["repair", str(team), "--inbox", "worker"]) == 0
+    out = capsys.readouterr().out
+    assert "created again" in out and "nothing to repair" not in out
+    await _send(team, range(100, 102))
+    async with FileMailboxes(team) as mail:
+        assert [e.body for e in await _drain(mail)] == [100, 101]
 
 
 async def test_a_copied_team_opens_and_reads_on(tmp_path: Path) -> None:
