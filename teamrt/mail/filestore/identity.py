@@ -52,6 +52,7 @@ _statx = _load_statx()
 #: FS_IOC_GETVERSION (linux/fs.h: _IOR('v', 1, long)): the inode's generation
 _GETVERSION = 0x80087601 if struct.calcsize("l") == 8 else 0x80047601
 _GENERATION = struct.Struct("l")
+_INT = struct.Struct("=I")
 _no_generation = False  # set once the kernel or a sandbox refuses the call itself
 
 
@@ -70,8 +71,10 @@ def generation(fd: int) -> int:
         if exc.errno in (errno.ENOSYS, errno.EPERM):
             _no_generation = True
         return 0  # ENOTTY, EOPNOTSUPP: this file system's; EBADF: the caller's, told by fstat
-    # a generation of 0 is a real one, told from "not known" by the bit above 32 bits
-    return _GENERATION.unpack(buf)[0] | 1 << 32
+    # the kernel writes an int (of the long the ioctl's number names); a generation of 0 is a
+    # real one, told from "not known" by the bit above its 32
+    generation: int = _INT.unpack_from(buf)[0]
+    return generation | 1 << 32
 
 
 def identify(fd: int) -> tuple[int, int, int, int, int]:
