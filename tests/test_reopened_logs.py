@@ -8,7 +8,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from collections.abc import Awaitable, Callable
+import subprocess
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -380,3 +381,47 @@ def test_a_file_created_again_with_its_inode_number_within_one_tick_has_another_
     os.close(fd)
     if not same_tick:
         pytest.skip("no file came back with its inode number and birth time (200 attempts)")
+
+
+# --- overlayfs: a file copied up keeps its inode number, not its birth time -----------------------
+
+
+@pytest.fixture
+def overlay(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """(lower, merged): an overlayfs over `lower` (as a container's image layer is), mounted for
+    the test; skipped where this process may not mount one."""
+    lower, upper, work, merged = (tmp_path / name for name in ("lower", "upper", "work", "merged"))
+    for path in (lower, upper, work, merged):
+        path.mkdir()
+    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    mounting = ["mount", "-t", "overlay", "overlay", "-o", options, str(merged)]
+    try:
+        done = subprocess.run(mounting, capture_output=True, check=False, timeout=30)
+    except FileNotFoundError:
+        pytest.skip("no mount command")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount an overlayfs here: {done.stderr.decode().strip()}")
+    try:
+        yield lower, merged
+    finally:
+        subprocess.run(["umount", str(merged)], check=True, timeout=30)
+
+
+async def test_a_log_copied_up_by_overlayfs_while_its_reader_is_parked_is_read_on(
+    overlay: tuple[Path, Path],
+) -> None:
+    """A team in an image's lower layer: the first append copies the log up into a new file
+    with a new birth time and the same inode number and bytes; that is the reader's file."""
+    lower, merged = overlay
+    async with FileMailboxes(lower / "t", members=MEMBERS) as mail:
+        for i in range(6):
+            await mail.send(Envelope.message("lead", "a", {"i": i}))
+    async with FileMailboxes(merged / "t") as mail:
+        inbox = await mail.open_inbox("a")
+        for i in range(6):
+            assert (await inbox.receive(5)).body == {"i": i}
+        await _park(mail)
+        for parked in range(2):  # copied up while parked, then parked on the upper file
+            assert _reader(mail, "a").release_descriptors()
+            await mail.send(Envelope.message("lead", "a", {"after": parked}))
+            assert (await inbox.receive(5)).body == {"after": parked}

@@ -77,6 +77,35 @@ def generation(fd: int) -> int:
     return generation | 1 << 32
 
 
+_OVERLAYFS_MAGIC = 0x794C7630  # linux/magic.h
+_STATFS_SIZE = 120  # struct statfs on 64-bit Linux; f_type, a long, comes first
+
+
+def _load_fstatfs() -> Callable[..., int] | None:
+    try:
+        call = ctypes.CDLL(None, use_errno=True).fstatfs
+    except (OSError, AttributeError):
+        return None
+    call.restype = ctypes.c_int
+    return call
+
+
+_fstatfs = _load_fstatfs()
+
+
+def on_overlayfs(fd: int) -> bool:
+    """True if `fd`'s file is on overlayfs, where a file of a lower layer (a container image's)
+    is copied up into a new file at its first write: same inode number and bytes, another birth
+    time and generation. Only asked when those differ, so its cost is off the reopen path."""
+    call = _fstatfs
+    if call is None:
+        return False
+    buf = ctypes.create_string_buffer(_STATFS_SIZE + 136)  # room for other ABIs' larger struct
+    if call(fd, buf) != 0:
+        return False
+    return bool(struct.unpack_from("=l", buf)[0] == _OVERLAYFS_MAGIC)
+
+
 def identify(fd: int) -> tuple[int, int, int, int, int]:
     """`fd`'s file as (device, inode number, size, birth time in ns since the epoch, inode
     generation), in two system calls; the birth time is 0 where it is not known (a libc without

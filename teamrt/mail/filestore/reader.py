@@ -46,7 +46,7 @@ from teamrt.mail.filestore.fileio import (
     write_all,
 )
 from teamrt.mail.filestore.framing import LineSplitter, decode_slots, encode_slot
-from teamrt.mail.filestore.identity import identify, read_marks
+from teamrt.mail.filestore.identity import identify, on_overlayfs, read_marks
 from teamrt.mail.filestore.paths import FIRST_READ, READ_CHUNK, InboxPaths
 from teamrt.mail.log import Corrupt, Cursor, Entry
 from teamrt.mail.store import InboxReader
@@ -267,6 +267,7 @@ class FileReader(InboxReader):
             os.close(found)
             raise
         self.fd, self._parked = found, False
+        self.born, self.generation = born, generation  # another file if it was copied up
         BUDGET.opened(self, 2)
 
     def _check_reopened(self, fd: int, size: int, birth: tuple[int, int], offset: int) -> None:
@@ -274,9 +275,10 @@ class FileReader(InboxReader):
         inode number may have gone to a new file: see identity.py). `birth`: its birth time
         and inode generation."""
         born, generation = birth
-        if (born and self.born and born != self.born) or (  # 0: not known (see identify)
-            generation and self.generation and generation != self.generation
-        ):
+        if (
+            (born and self.born and born != self.born)  # 0: not known (see identify)
+            or (generation and self.generation and generation != self.generation)
+        ) and not on_overlayfs(fd):  # there, a copy-up: the size and the bytes decide
             raise self._corrupt(
                 self.paths.log,
                 "was deleted and created again while it was read (the new file got the old "
