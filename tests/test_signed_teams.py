@@ -414,3 +414,17 @@ async def test_a_str_key_with_surrogate_escapes_is_the_bytes_it_escapes(tmp_path
 def test_a_key_that_cannot_be_encoded_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="team key"):
         FileMailboxes("unused", key="\ud800" * 16)
+
+
+async def test_a_renamed_signed_team_says_it_was_renamed_not_that_the_key_is_another(
+    tmp_path: Path,
+) -> None:
+    """A team directory's name is its team, and the fingerprint (like every signature) covers
+    it: after `mv t u` the right key no longer fits, and the refusal must say why."""
+    await _make(str(tmp_path / "t"))
+    (tmp_path / "t").rename(tmp_path / "u")
+    with pytest.raises(TeamKeyMismatch) as caught:
+        async with FileMailboxes(tmp_path / "u", key=KEY):
+            pass
+    message = str(caught.value)
+    assert "'t'" in message and "renamed" in message and "another key" not in message
