@@ -428,3 +428,46 @@ async def test_a_renamed_signed_team_says_it_was_renamed_not_that_the_key_is_ano
             pass
     message = str(caught.value)
     assert "'t'" in message and "renamed" in message and "another key" not in message
+
+
+_RACER = """
+import sys, time, anyio
+from pathlib import Path
+from teamrt import open_mailboxes
+from teamrt.errors import TeamKeyMismatch
+where, key, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+while not go.exists():
+    time.sleep(0.001)
+async def main() -> None:
+    try:
+        async with open_mailboxes(where, members=["lead", "w"], key=key):
+            print("opened")
+    except TeamKeyMismatch:
+        print("refused")
+anyio.run(main)
+"""
+
+
+def test_two_processes_creating_a_team_with_different_keys_agree_on_one(
+    where: str, tmp_path: Path
+) -> None:
+    """Both start before the team exists: one creates it with its key, the other is refused,
+    and the team records the winner's key."""
+    go = tmp_path / "go"
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, where, key, str(go)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(None),
+        )  # fmt: skip
+        for key in (KEY, OTHER)
+    ]
+    go.touch()
+    outcomes = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=50)
+        assert racer.returncode == 0, err
+        outcomes.append(out.strip())
+    assert sorted(outcomes) == ["opened", "refused"]
+    winner = (KEY, OTHER)[outcomes.index("opened")]
+    team = "t" if "://" not in where else where.rpartition("team=")[2]
+    assert _settings(where, winner)["key_fingerprint"] == fingerprint(winner.encode(), team)
