@@ -9,6 +9,7 @@ import ctypes
 import errno
 import os
 import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from teamrt.errors import ReceiveTimeout, StoreCorrupt
 from teamrt.mail.filestore import identity
 from teamrt.mail.filestore.descriptors import BUDGET
 from teamrt.mail.filestore.reader import FileReader
+from teamrt.team import Team
+from tests.remote import TESTS
 
 MEMBERS = ["lead", "a", "b", "c"]
 
@@ -425,3 +428,53 @@ async def test_a_log_copied_up_by_overlayfs_while_its_reader_is_parked_is_read_o
             assert _reader(mail, "a").release_descriptors()
             await mail.send(Envelope.message("lead", "a", {"after": parked}))
             assert (await inbox.receive(5)).body == {"after": parked}
+
+
+# --- a real teammate process under a budget of one ------------------------------------------------
+
+
+def _run_agent(team: Path, agents: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "teamrt", "run-agent", str(team), "--name", "w",
+               "--spec", "remote_specs:echo", "--agent-dir", str(agents)]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+
+def _stderr(process: subprocess.Popen[bytes]) -> str:
+    return process.stderr.read().decode() if process.stderr else ""
+
+
+async def test_a_teammate_process_under_a_budget_of_one_serves_asks_amid_other_senders(
+    tmp_path: Path,
+) -> None:
+    """`teamrt run-agent` with `TEAMRT_FD_BUDGET=1` parks its reader at every turn while
+    `teamrt send` processes write its inbox: no reopen is refused, every ask is answered."""
+    team = tmp_path / "t"
+    async with FileMailboxes(team, members=["lead", "w", "x"]):
+        pass
+    env = {**os.environ, "TEAMRT_FD_BUDGET": "1",
+           "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    agent = _run_agent(team, tmp_path / "agents", env)
+    try:
+        async with FileMailboxes(team) as mail:
+            with anyio.fail_after(40):
+                while await mail.store.member_alive("w") is not True:
+                    assert agent.poll() is None, (
+                        agent.stderr.read().decode() if agent.stderr else ""
+                    )
+                    await anyio.sleep(0.05)
+            async with Team(mail, [], remote=["w"]) as crew:
+                for i in range(4):
+                    sent = await anyio.run_process(
+                        [sys.executable, "-m", "teamrt", "send", str(team), "--from", "x",
+                         "--to", "w", "--text", f"noise {i}"], env=env, check=False,
+                    )  # fmt: skip
+                    assert sent.returncode == 0, sent.stderr.decode()
+                    assert (await crew.ask("w", f"ask {i}", timeout=30)).answer == "echo"
+        code = await anyio.to_thread.run_sync(lambda: agent.wait(timeout=40))
+        assert code == 0, _stderr(agent)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        if agent.stderr is not None:
+            agent.stderr.close()
