@@ -448,19 +448,18 @@ anyio.run(main)
 """
 
 
+def _racer(where: str, key: str, go: Path) -> subprocess.Popen[str]:
+    command = [sys.executable, "-c", _RACER, where, key, str(go)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def test_two_processes_creating_a_team_with_different_keys_agree_on_one(
     where: str, tmp_path: Path
 ) -> None:
     """Both start before the team exists: one creates it with its key, the other is refused,
     and the team records the winner's key."""
     go = tmp_path / "go"
-    racers = [
-        subprocess.Popen(
-            [sys.executable, "-c", _RACER, where, key, str(go)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(None),
-        )  # fmt: skip
-        for key in (KEY, OTHER)
-    ]
+    racers = [_racer(where, key, go) for key in (KEY, OTHER)]
     go.touch()
     outcomes = []
     for racer in racers:
