@@ -14,7 +14,8 @@ Under the process's descriptor budget (descriptors.py) an idle reader parks: it 
 descriptors and keeps its position, its file's identity (device, inode, birth time) and the CRCs
 of the first and the last 256 bytes before its position. Its next read reopens the file (the
 active name, else the segment's name if it was rotated meanwhile) and refuses one that is not the
-same file (another inode, or the same number given to a file created later), shorter, or
+same file (another inode, or the same number given to a file created later: another birth time
+or inode generation), shorter, or
 different in those bytes, as a read through the old descriptor would have (identity.py says why
 the inode number is not enough). While parked, `has_new` asks the active file's name (a stat), so
 the rescan never reopens an idle inbox.
@@ -45,7 +46,7 @@ from teamrt.mail.filestore.fileio import (
     write_all,
 )
 from teamrt.mail.filestore.framing import LineSplitter, decode_slots, encode_slot
-from teamrt.mail.filestore.identity import identify, read_marks
+from teamrt.mail.filestore.identity import identify, on_overlayfs, read_marks
 from teamrt.mail.filestore.paths import FIRST_READ, READ_CHUNK, InboxPaths
 from teamrt.mail.log import Corrupt, Cursor, Entry
 from teamrt.mail.store import InboxReader
@@ -103,6 +104,7 @@ class FileReader(InboxReader):
         self.dev = 0
         self.busy = False  # a commit in a worker thread uses the descriptors: never parked then
         self.born = 0  # its birth time (identity.py), 0 where the file system keeps none
+        self.generation = 0  # its inode generation (identity.py), 0 where none is known
         self._parked_marks = (0, 0)  # while parked: CRCs of the bytes before the position
         self._parked = False
         self.decoder = LineSplitter(max_line=store.max_line)
@@ -213,7 +215,7 @@ class FileReader(InboxReader):
             os.close(self.fd)
         was_open = self.fd >= 0
         self.fd, self.segment = fd, index
-        self.dev, self.ino, _, self.born = identify(fd)
+        self.dev, self.ino, _, self.born, self.generation = identify(fd)
         self.decoder = LineSplitter(max_line=self.store.max_line, segment=index)
         self.caught_up = False
         self._parked = False
@@ -252,7 +254,7 @@ class FileReader(InboxReader):
                 fd = open_file(path, O_READ)
             except FileNotFoundError:
                 continue
-            dev, ino, size, born = identify(fd)
+            dev, ino, size, born, generation = identify(fd)
             if ino == self.ino and dev == self.dev:
                 found = fd
                 break
@@ -260,17 +262,23 @@ class FileReader(InboxReader):
         if found < 0:
             raise self._corrupt(self.paths.log, "was deleted or replaced while it was read")
         try:
-            self._check_reopened(found, size, born, offset)
+            self._check_reopened(found, size, (born, generation), offset)
         except BaseException:
             os.close(found)
             raise
         self.fd, self._parked = found, False
+        self.born, self.generation = born, generation  # another file if it was copied up
         BUDGET.opened(self, 2)
 
-    def _check_reopened(self, fd: int, size: int, born: int, offset: int) -> None:
+    def _check_reopened(self, fd: int, size: int, birth: tuple[int, int], offset: int) -> None:
         """Refuse the file reopened by name unless it is the one this reader parked on (its
-        inode number may have gone to a new file: see identity.py)."""
-        if born and self.born and born != self.born:  # 0: not known (see identify)
+        inode number may have gone to a new file: see identity.py). `birth`: its birth time
+        and inode generation."""
+        born, generation = birth
+        if (
+            (born and self.born and born != self.born)  # 0: not known (see identify)
+            or (generation and self.generation and generation != self.generation)
+        ) and not on_overlayfs(fd):  # there, a copy-up: the size and the bytes decide
             raise self._corrupt(
                 self.paths.log,
                 "was deleted and created again while it was read (the new file got the old "

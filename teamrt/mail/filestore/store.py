@@ -25,7 +25,14 @@ import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskStatus
 
-from teamrt.errors import MemberBusy, StoreCorrupt, StoreError, UnknownRecipient, UsageError
+from teamrt.errors import (
+    MemberBusy,
+    StoreCorrupt,
+    StoreError,
+    TeamKeyMismatch,
+    UnknownRecipient,
+    UsageError,
+)
 from teamrt.mail import inotify
 from teamrt.mail.filestore.appender import Appender
 from teamrt.mail.filestore.blobs import BLOBS, read_blob, write_blob
@@ -325,6 +332,21 @@ class FileStore(Store):
         data["members"] = []
         return data
 
+    def _check_not_renamed(self, roster: dict[str, Any], signing: str) -> None:
+        """A signed team whose directory was renamed: its fingerprint (and every signature)
+        covers the name it was created with, so the right key no longer fits; say so rather
+        than that the key is another."""
+        created_as = roster.get("team")
+        if not self.signing or self.signing == signing or not isinstance(created_as, str):
+            return
+        if created_as != self.team:
+            raise TeamKeyMismatch(
+                f"team directory {self.path} holds team {created_as!r} (team.json), renamed to "
+                f"{self.team!r}: a team directory's name is its team, and a signed team's key "
+                f"fingerprint and signatures cover that name, so no key opens it under this one. "
+                f"Move it back to {self.path.parent / created_as}"
+            )
+
     def _update_roster_locked(self, add: Sequence[str], signing: str | None) -> None:
         """Add members under the roster lock (a cold path: a blocking flock is fine), after
         checking the opener's key against the team's (`signing`, see `Store.open`)."""
@@ -339,6 +361,7 @@ class FileStore(Store):
             if not data:
                 data = self._new_roster(signing)
             elif signing is not None:
+                self._check_not_renamed(data, signing)
                 check_key(self.team, self.signing, signing)
             members = list(self._roster)
             new = [m for m in dict.fromkeys(add) if m not in members]

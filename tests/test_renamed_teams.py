@@ -1,0 +1,27 @@
+"""A team directory's name is its team (every envelope carries it): a directory renamed under
+its team must not make its unread mail quarantined as `wrong team` without a word."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from teamrt import Envelope, FileMailboxes
+from teamrt.errors import StoreError
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an unsigned team directory renamed (mv t u) opens, and its owner quarantines every "
+    "envelope written before as 'wrong team'; opening should refuse, naming the team.json's team",
+)
+async def test_a_renamed_team_directory_is_refused_rather_than_its_mail_quarantined(
+    tmp_path: Path,
+) -> None:
+    async with FileMailboxes(tmp_path / "t", members=["lead", "w"]) as mail:
+        await mail.send(Envelope.message("lead", "w", "before the move"))
+    (tmp_path / "t").rename(tmp_path / "u")
+    with pytest.raises(StoreError, match="'t'"):
+        async with FileMailboxes(tmp_path / "u") as mail:
+            await mail.inbox("w").receive(timeout=1)
