@@ -333,19 +333,28 @@ class FileStore(Store):
         return data
 
     def _check_not_renamed(self, roster: dict[str, Any], signing: str) -> None:
-        """A signed team whose directory was renamed: its fingerprint (and every signature)
-        covers the name it was created with, so the right key no longer fits; say so rather
-        than that the key is another."""
+        """A team directory renamed under its team (`mv t u`): every envelope in it names the
+        team it was created as, so its owners would quarantine all of them as `wrong team`, and
+        a signed team's fingerprint and signatures cover that name, so no key opens it under
+        this one. Say so, rather than that the key is another or nothing at all."""
         created_as = roster.get("team")
-        if not self.signing or self.signing == signing or not isinstance(created_as, str):
+        if not isinstance(created_as, str) or created_as == self.team:
             return
-        if created_as != self.team:
+        moved = (
+            f"team directory {self.path} holds team {created_as!r} (team.json), renamed to "
+            f"{self.team!r}: a team directory's name is its team"
+        )
+        back = f"Move it back to {self.path.parent / created_as}"
+        if self.signing and self.signing != signing:
             raise TeamKeyMismatch(
-                f"team directory {self.path} holds team {created_as!r} (team.json), renamed to "
-                f"{self.team!r}: a team directory's name is its team, and a signed team's key "
-                f"fingerprint and signatures cover that name, so no key opens it under this one. "
-                f"Move it back to {self.path.parent / created_as}"
+                f"{moved}, and a signed team's key fingerprint and signatures cover that name, so "
+                f"no key opens it under this one. {back}"
             )
+        raise UsageError(
+            f"{moved}, and every envelope in it names {created_as!r}, so its owners would "
+            f"quarantine them all as 'wrong team'. {back}, or copy it under the new name with "
+            f"`teamrt export {self.path.parent / created_as} NEW_DIR`"
+        )
 
     def _update_roster_locked(self, add: Sequence[str], signing: str | None) -> None:
         """Add members under the roster lock (a cold path: a blocking flock is fine), after
