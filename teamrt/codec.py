@@ -34,11 +34,14 @@ nested deeper than pydantic reads) goes to the checked path, which parses with o
 every field long-hand, and from there whatever it cannot decide goes to pydantic, which decides
 exactly as `teamrt.mail.log.decode_line` does and gives the same reason for a rejection. So a
 line is accepted or refused, with the same reason, exactly as `decode_line` would; rejections
-(quarantined lines) are rare and may cost what they cost today.
+(quarantined lines) are rare and may cost what they cost today. Both refuse a line that gives a
+key twice in one object (every parser here keeps the last value; others keep the first), which
+`repeats_a_key` tells from a count of the line's colons, parsing again only in rare cases.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Final, Literal, NoReturn
 
@@ -63,7 +66,14 @@ from teamrt.errors import InvalidEnvelope
 from teamrt.names import is_name as _valid_name
 from teamrt.names import valid_names as _valid_names
 
-__all__ = ["EnvelopeFields", "decode_fields", "encode", "encode_with_pydantic"]
+__all__ = [
+    "REPEATED_KEY",
+    "EnvelopeFields",
+    "decode_fields",
+    "encode",
+    "encode_with_pydantic",
+    "repeats_a_key",
+]
 
 #: The envelope's fields, in the order they are written.
 FIELD_NAMES: Final = (
@@ -631,6 +641,63 @@ def _typed(line: bytes) -> EnvelopeFields | str | None:
     return fields
 
 
+#: The reason a line that gives one key twice in an object is refused.
+REPEATED_KEY: Final = "json: a key appears twice in one object"
+
+# the colons an envelope line holds besides its body's: one after each of its 14 field names
+_FIELD_COLONS: Final = len(FIELD_NAMES)
+
+
+class _Repeated(Exception):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Repeated
+    return obj
+
+
+def _repeats_a_key_slowly(line: bytes) -> bool:
+    try:
+        json.loads(line, object_pairs_hook=_unique_pairs)
+    except _Repeated:
+        return True
+    except (ValueError, RecursionError):  # the decoders parsed it: theirs is the last word
+        return False
+    return False
+
+
+def repeats_a_key(line: bytes, body: Any) -> bool:
+    """True if an object in `line`, an accepted envelope line whose decoded body is `body`,
+    gives one key twice (every JSON parser here keeps the last value; others keep the first,
+    so such a line means two things).
+
+    Counted, not parsed again: outside strings, a JSON line holds one colon per object member,
+    so a line without repeated keys holds the 14 colons of its fields, one per member of its
+    body's objects and the ones inside its strings; each repeated member adds one that the
+    decoded values do not hold. A line with no more colons than its fields and its body's
+    members (a flat object body without colons in it: most lines) repeats nothing. Otherwise
+    the colons inside the decoded strings are counted too, unless a `\\u` escape (it may spell
+    a colon the line does not show) makes that unsound; what is left over is rare (a colon in
+    a field's string, say), and the line is parsed again keeping every pair."""
+    extra = line.count(b":") - _FIELD_COLONS
+    kind = type(body)
+    if extra == 0 or (kind is dict and extra == len(body)):
+        return False
+    if kind is str:
+        extra -= body.count(":")
+    elif kind is dict or kind is list:
+        try:
+            extra -= _dumps(body).count(b":")  # orjson writes every colon as it is
+        except orjson.JSONEncodeError:  # an int beyond 64 bits, say
+            extra = -1
+    if extra == 0 and (line.find(b"\\") < 0 or b"\\u" not in line):
+        return False
+    return _repeats_a_key_slowly(line)
+
+
 def decode_fields(line: bytes) -> EnvelopeFields | str:
     """Decode one line (without its newline) into its fields, or the reason it is unusable.
 
@@ -640,13 +707,21 @@ def decode_fields(line: bytes) -> EnvelopeFields | str:
     if len(line) < _SHALLOW_BELOW or shallow(line):  # (the length alone decides most lines)
         decoded = _typed(line)
         if decoded is not None:
-            return decoded
+            if isinstance(decoded, str) or not repeats_a_key(line, decoded.body):
+                return decoded
+            return REPEATED_KEY
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
-        return _by_pydantic(line)
+        return _checked(_by_pydantic(line), line)
     if type(obj) is dict:
         checked: EnvelopeFields | str | None = _fields(obj)
         if checked is not None:
-            return checked
-    return _by_pydantic(line)
+            return _checked(checked, line)
+    return _checked(_by_pydantic(line), line)
+
+
+def _checked(decoded: EnvelopeFields | str, line: bytes) -> EnvelopeFields | str:
+    if isinstance(decoded, str) or not repeats_a_key(line, decoded.body):
+        return decoded
+    return REPEATED_KEY
