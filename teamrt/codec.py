@@ -17,11 +17,13 @@ nested lists and dicts); wherever they could disagree, the envelope goes to pyda
   a long line only if its encoding holds a `null`);
 - `v`, `ts` or `deadline` of another type than declared (pydantic's typed serializers coerce them),
   a field model_copy was given that the models do not have, and envelope classes other than the
-  four kinds and their base.
+  four kinds and their base;
+- a string field holding something else (model_copy and model_construct validate nothing):
+  pydantic's serializer would write it with a warning, and the owner quarantine the line, so
+  pydantic's path refuses it (`InvalidEnvelope`), as it refuses a body that is not JSON data.
 
-Two differences remain, both out of reach of a validated envelope: an `orjson.Fragment` in a body
-is written as its raw bytes (pydantic refuses it), and a string field given another type through
-model_copy or model_construct is written as pydantic writes it, without pydantic's warning.
+One difference remains, out of reach of a validated envelope: an `orjson.Fragment` in a body is
+written as its raw bytes (pydantic refuses it).
 
 `decode_fields` is the typed bulk read. msgspec parses a line straight into an `EnvelopeFields`
 record (a frozen msgspec struct, built in C and not tracked by the garbage collector), checking
@@ -62,7 +64,7 @@ from teamrt.envelopes import (
     check_finite,
     payload_model,
 )
-from teamrt.errors import InvalidEnvelope
+from teamrt.errors import InvalidEnvelope, TeamrtError
 from teamrt.names import is_name as _valid_name
 from teamrt.names import valid_names as _valid_names
 
@@ -210,15 +212,32 @@ def _by_serializer(envelope: Envelope, finite: bool) -> bytes:
             "decode them to str or encode them (base64) first"
         )
     try:
-        encoded = encode_with_pydantic(envelope)
+        # a field of another type than declared (given through model_copy, which does not
+        # validate) is refused here, not written for its reader to quarantine
+        data: bytes = type(envelope).__pydantic_serializer__.to_json(envelope, warnings="error")
+        encoded = data[data.index(b'"v":') :]
+        if finite:
+            check_finite(envelope, encoded)
+    except TeamrtError:
+        raise
     except PydanticSerializationError as exc:
+        if "UnexpectedValue" in str(exc) and "field_name='body'" not in str(exc):
+            raise _mistyped(envelope, exc) from None
         raise InvalidEnvelope(
             f"invalid {envelope.kind}: its body cannot be written as JSON ({exc}); "
             "give it JSON data: dicts with str keys, lists, str, int, float, bool, None"
         ) from None
-    if finite:
-        check_finite(envelope, encoded)
+    except (TypeError, ValueError) as exc:
+        raise _mistyped(envelope, exc) from None
     return encoded
+
+
+def _mistyped(envelope: Envelope, exc: Exception) -> InvalidEnvelope:
+    return InvalidEnvelope(
+        f"invalid {envelope.kind}: a field holds a value of another type than declared "
+        f"({' '.join(str(exc).split())[:300]}); build envelopes with the Envelope constructors "
+        "(model_copy does not check what it is given)"
+    )
 
 
 def _plain_and_finite(container: dict[str, Any] | list[Any] | tuple[Any, ...]) -> bool:
@@ -265,6 +284,25 @@ def _check_shallow(body: dict[str, Any] | list[Any] | tuple[Any, ...], data: byt
         _check_depth(body)
 
 
+def _strings_alike(fields: dict[str, Any]) -> bool:
+    """True if the str fields hold str (None where allowed): model_copy may have given them
+    anything, which pydantic's serializer refuses here (and the owner would quarantine)."""
+    trace_id, traceparent, in_reply_to = (
+        fields["trace_id"],
+        fields["traceparent"],
+        fields["in_reply_to"],
+    )
+    return (
+        type(fields["type"]) is str
+        and type(fields["sender"]) is str
+        and type(fields["recipient"]) is str
+        and type(fields["id"]) is str
+        and (trace_id is None or type(trace_id) is str)
+        and (traceparent is None or type(traceparent) is str)
+        and (in_reply_to is None or type(in_reply_to) is str)
+    )
+
+
 def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
     """The envelope's fields after `seq` and `team` (which `log.stamp` fills in), as compact JSON
     without the opening brace and without a newline: byte for byte what pydantic writes.
@@ -284,6 +322,7 @@ def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
             and _finite(ts)
             and (deadline is None or (type(deadline) is float and _finite(deadline)))
             and type(fields["v"]) is int
+            and _strings_alike(fields)
         ):
             try:
                 data = _dumps(fields, default=_refuse, option=_OPTIONS)

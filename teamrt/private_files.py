@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Literal, TextIO, overload
 
+from teamrt.errors import UsageError
+
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
@@ -22,7 +24,7 @@ __all__ = ["DIR_MODE", "FILE_MODE", "make_dirs", "open_private", "write_private"
 def make_dirs(path: str | os.PathLike[str], mode: int = DIR_MODE) -> Path:
     """`path` and each of its missing parents, made with `mode` (0700) whatever the umask;
     the ones that exist are left alone. Returns `path`. OSError as `os.mkdir` raises it."""
-    target = Path(path)
+    target = _checked(path)
     missing: list[Path] = []
     current = target
     while not os.path.lexists(current) and current != current.parent:
@@ -41,6 +43,12 @@ def make_dirs(path: str | os.PathLike[str], mode: int = DIR_MODE) -> Path:
     return target
 
 
+def _checked(path: str | os.PathLike[str]) -> Path:
+    if "\x00" in os.fspath(path):
+        raise UsageError(f"{os.fspath(path)!r}: a file name cannot hold a NUL character")
+    return Path(path)
+
+
 @overload
 def open_private(path: str | os.PathLike[str], mode: Literal["w"] = "w") -> TextIO: ...
 @overload
@@ -49,7 +57,7 @@ def open_private(path: str | os.PathLike[str], mode: Literal["w", "wb"] = "w") -
     """`path` opened for writing (truncated), readable and writable by its owner only (0600)
     whatever the umask, and whatever mode a file already there had. Its missing parents are
     made 0700. Text is UTF-8."""
-    make_dirs(Path(path).parent)
+    make_dirs(_checked(path).parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
     try:
         os.fchmod(fd, FILE_MODE)

@@ -92,7 +92,8 @@ def export(args: argparse.Namespace) -> int:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from teamrt.cli.replay import open_private, parse_time, run_replay, split
+    from teamrt.cli.replay import parse_time, run_replay, split
+    from teamrt.private_files import open_private
     from teamrt.replay import Filter
 
     args.dir = team_at(args.dir)

@@ -42,6 +42,8 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 def local_path(locator: Locator) -> Locator:
     """`locator` with a `file:` URL turned into the path it names; anything else as it is,
     but a URL whose scheme no store has (`http://`, `memory://`...), which is `UsageError`."""
+    if "\x00" in os.fspath(locator):
+        raise UsageError(f"{redacted(str(locator))!r}: a path or URL cannot hold a NUL character")
     if not isinstance(locator, str) or is_url(locator):
         return locator
     if locator[:5].lower() == "file:":
