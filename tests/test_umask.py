@@ -1,6 +1,7 @@
 """Everything teamrt writes is its user's alone, whatever the umask: under umask 000, the team
-directory's missing parents, a demo's files, replay pages, eval reports and derived cases are
-created 0700 (directories) and 0600 (files). Real commands in a child process with umask 000."""
+directory's missing parents, a demo's files, replay pages, eval reports, derived cases, exports
+and forks are created 0700 (directories) and 0600 (files). Real commands, in a child process
+with umask 000."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from teamrt.replay import timeline
 
 CREATE_DEEP_TEAM = """
 import anyio
@@ -33,6 +36,10 @@ def _under_umask_000(cwd: Path, *argv: str, codes: tuple[int, ...] = (0,)) -> No
         argv, cwd=cwd, env=env, preexec_fn=umask_000, capture_output=True, text=True, timeout=50
     )
     assert result.returncode in codes, (argv, result.stdout[-2000:], result.stderr[-2000:])
+
+
+def _first_request(team: Path) -> str:
+    return next(e.id for e in timeline(team) if e.kind == "request")
 
 
 def _modes(root: Path) -> dict[str, str]:
@@ -60,10 +67,16 @@ def test_nothing_teamrt_makes_is_open_to_others_under_umask_000(tmp_path: Path) 
         "--json", "reports/eval.json", "--html", "reports/eval.html",
         codes=(0, 1),  # 1: a case failed, as derived cases may here (the run's own paths)
     )  # fmt: skip
+    _under_umask_000(tmp_path, *teamrt, "export", team, "snaps/of/research-writer")
+    _under_umask_000(tmp_path, *teamrt, "fork", team, "--at", _first_request(tmp_path / team),
+                     "forks/of/research-writer-2")  # fmt: skip
     modes = _modes(tmp_path)
     assert {"deep", "deep/er", "deep/er/team", "out", "out/demos", team} <= modes.keys()
     assert {"reports/run.html", "reports/cases.jsonl", "reports/eval.json"} <= modes.keys()
     assert f"{team}/scratch/agent-loop.md" in modes
+    assert {"snaps/of/research-writer/team.json", "forks/of/research-writer-2/team.json"} <= (
+        modes.keys()
+    )
     open_to_others = {
         path: mode
         for path, mode in modes.items()
