@@ -77,9 +77,13 @@ class Cursor:
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> Cursor:
+        """The cursor `to_json_dict` wrote. `ValueError` (as for a missing or mistyped field)
+        for positions no store writes: a negative segment, offset or seq below -1, or a run
+        ahead that is negative or ends where it starts (each store says which cursor, and what
+        to do)."""
         ahead = tuple((int(a), int(b), int(c), int(d)) for a, b, c, d in data.get("ahead", ()))
         tail = data.get("tail")
-        return cls(
+        cursor = cls(
             int(data["segment"]),
             int(data["offset"]),
             int(data.get("seq", -1)),
@@ -88,6 +92,15 @@ class Cursor:
             ahead,
             None if tail is None else str(tail),
         )
+        if cursor.segment < 0 or cursor.offset < 0 or cursor.seq < -1:
+            raise ValueError(
+                f"a negative position (segment {cursor.segment}, offset {cursor.offset}, "
+                f"seq {cursor.seq}), which no store writes"
+            )
+        for a, b, c, d in ahead:
+            if min(a, b, c, d) < 0 or (a, b) >= (c, d):
+                raise ValueError(f"a run ahead {[a, b, c, d]} that is negative or empty")
+        return cursor
 
 
 class AckTracker:

@@ -66,6 +66,7 @@ from teamrt.mail.store import (
     TeamView,
 )
 from teamrt.names import validate_name
+from teamrt.private_files import make_dirs
 
 ROSTER_FORMAT = 1
 DEFAULT_SEGMENT_BYTES = 64 << 20
@@ -253,7 +254,7 @@ class FileStore(Store):
             if not os.path.lexists(self.roster_path):  # noqa: ASYNC240 -- one stat, cold path
                 if not self.create:
                     raise StoreError(errno.ENOENT, f"no team directory at {self.path}")
-                self.path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+                make_dirs(self.path.parent)  # 0700 each, whatever the umask
                 self._mkdir(self.path)
             self.check_directories()
             self._mkdir(self.inboxes)
