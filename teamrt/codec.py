@@ -17,11 +17,13 @@ nested lists and dicts); wherever they could disagree, the envelope goes to pyda
   a long line only if its encoding holds a `null`);
 - `v`, `ts` or `deadline` of another type than declared (pydantic's typed serializers coerce them),
   a field model_copy was given that the models do not have, and envelope classes other than the
-  four kinds and their base.
+  four kinds and their base;
+- a string field holding something else (model_copy and model_construct validate nothing):
+  pydantic's serializer would write it with a warning, and the owner quarantine the line, so
+  pydantic's path refuses it (`InvalidEnvelope`), as it refuses a body that is not JSON data.
 
-Two differences remain, both out of reach of a validated envelope: an `orjson.Fragment` in a body
-is written as its raw bytes (pydantic refuses it), and a string field given another type through
-model_copy or model_construct is written as pydantic writes it, without pydantic's warning.
+One difference remains, out of reach of a validated envelope: an `orjson.Fragment` in a body is
+written as its raw bytes (pydantic refuses it).
 
 `decode_fields` is the typed bulk read. msgspec parses a line straight into an `EnvelopeFields`
 record (a frozen msgspec struct, built in C and not tracked by the garbage collector), checking
@@ -34,11 +36,14 @@ nested deeper than pydantic reads) goes to the checked path, which parses with o
 every field long-hand, and from there whatever it cannot decide goes to pydantic, which decides
 exactly as `teamrt.mail.log.decode_line` does and gives the same reason for a rejection. So a
 line is accepted or refused, with the same reason, exactly as `decode_line` would; rejections
-(quarantined lines) are rare and may cost what they cost today.
+(quarantined lines) are rare and may cost what they cost today. Both refuse a line that gives a
+key twice in one object (every parser here keeps the last value; others keep the first), which
+`repeats_a_key` tells from a count of the line's colons, parsing again only in rare cases.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Final, Literal, NoReturn
 
@@ -59,11 +64,18 @@ from teamrt.envelopes import (
     check_finite,
     payload_model,
 )
-from teamrt.errors import InvalidEnvelope
+from teamrt.errors import InvalidEnvelope, TeamrtError
 from teamrt.names import is_name as _valid_name
 from teamrt.names import valid_names as _valid_names
 
-__all__ = ["EnvelopeFields", "decode_fields", "encode", "encode_with_pydantic"]
+__all__ = [
+    "REPEATED_KEY",
+    "EnvelopeFields",
+    "decode_fields",
+    "encode",
+    "encode_with_pydantic",
+    "repeats_a_key",
+]
 
 #: The envelope's fields, in the order they are written.
 FIELD_NAMES: Final = (
@@ -200,15 +212,32 @@ def _by_serializer(envelope: Envelope, finite: bool) -> bytes:
             "decode them to str or encode them (base64) first"
         )
     try:
-        encoded = encode_with_pydantic(envelope)
+        # a field of another type than declared (given through model_copy, which does not
+        # validate) is refused here, not written for its reader to quarantine
+        data: bytes = type(envelope).__pydantic_serializer__.to_json(envelope, warnings="error")
+        encoded = data[data.index(b'"v":') :]
+        if finite:
+            check_finite(envelope, encoded)
+    except TeamrtError:
+        raise
     except PydanticSerializationError as exc:
+        if "UnexpectedValue" in str(exc) and "field_name='body'" not in str(exc):
+            raise _mistyped(envelope, exc) from None
         raise InvalidEnvelope(
             f"invalid {envelope.kind}: its body cannot be written as JSON ({exc}); "
             "give it JSON data: dicts with str keys, lists, str, int, float, bool, None"
         ) from None
-    if finite:
-        check_finite(envelope, encoded)
+    except (TypeError, ValueError) as exc:
+        raise _mistyped(envelope, exc) from None
     return encoded
+
+
+def _mistyped(envelope: Envelope, exc: Exception) -> InvalidEnvelope:
+    return InvalidEnvelope(
+        f"invalid {envelope.kind}: a field holds a value of another type than declared "
+        f"({' '.join(str(exc).split())[:300]}); build envelopes with the Envelope constructors "
+        "(model_copy does not check what it is given)"
+    )
 
 
 def _plain_and_finite(container: dict[str, Any] | list[Any] | tuple[Any, ...]) -> bool:
@@ -255,6 +284,25 @@ def _check_shallow(body: dict[str, Any] | list[Any] | tuple[Any, ...], data: byt
         _check_depth(body)
 
 
+def _strings_alike(fields: dict[str, Any]) -> bool:
+    """True if the str fields hold str (None where allowed): model_copy may have given them
+    anything, which pydantic's serializer refuses here (and the owner would quarantine)."""
+    trace_id, traceparent, in_reply_to = (
+        fields["trace_id"],
+        fields["traceparent"],
+        fields["in_reply_to"],
+    )
+    return (
+        type(fields["type"]) is str
+        and type(fields["sender"]) is str
+        and type(fields["recipient"]) is str
+        and type(fields["id"]) is str
+        and (trace_id is None or type(trace_id) is str)
+        and (traceparent is None or type(traceparent) is str)
+        and (in_reply_to is None or type(in_reply_to) is str)
+    )
+
+
 def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
     """The envelope's fields after `seq` and `team` (which `log.stamp` fills in), as compact JSON
     without the opening brace and without a newline: byte for byte what pydantic writes.
@@ -274,6 +322,7 @@ def encode(envelope: Envelope, *, finite: bool = False) -> bytes:
             and _finite(ts)
             and (deadline is None or (type(deadline) is float and _finite(deadline)))
             and type(fields["v"]) is int
+            and _strings_alike(fields)
         ):
             try:
                 data = _dumps(fields, default=_refuse, option=_OPTIONS)
@@ -631,6 +680,63 @@ def _typed(line: bytes) -> EnvelopeFields | str | None:
     return fields
 
 
+#: The reason a line that gives one key twice in an object is refused.
+REPEATED_KEY: Final = "json: a key appears twice in one object"
+
+# the colons an envelope line holds besides its body's: one after each of its 14 field names
+_FIELD_COLONS: Final = len(FIELD_NAMES)
+
+
+class _Repeated(Exception):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Repeated
+    return obj
+
+
+def _repeats_a_key_slowly(line: bytes) -> bool:
+    try:
+        json.loads(line, object_pairs_hook=_unique_pairs)
+    except _Repeated:
+        return True
+    except (ValueError, RecursionError):  # the decoders parsed it: theirs is the last word
+        return False
+    return False
+
+
+def repeats_a_key(line: bytes, body: Any) -> bool:
+    """True if an object in `line`, an accepted envelope line whose decoded body is `body`,
+    gives one key twice (every JSON parser here keeps the last value; others keep the first,
+    so such a line means two things).
+
+    Counted, not parsed again: outside strings, a JSON line holds one colon per object member,
+    so a line without repeated keys holds the 14 colons of its fields, one per member of its
+    body's objects and the ones inside its strings; each repeated member adds one that the
+    decoded values do not hold. A line with no more colons than its fields and its body's
+    members (a flat object body without colons in it: most lines) repeats nothing. Otherwise
+    the colons inside the decoded strings are counted too, unless a `\\u` escape (it may spell
+    a colon the line does not show) makes that unsound; what is left over is rare (a colon in
+    a field's string, say), and the line is parsed again keeping every pair."""
+    extra = line.count(b":") - _FIELD_COLONS
+    kind = type(body)
+    if extra == 0 or (kind is dict and extra == len(body)):
+        return False
+    if kind is str:
+        extra -= body.count(":")
+    elif kind is dict or kind is list:
+        try:
+            extra -= _dumps(body).count(b":")  # orjson writes every colon as it is
+        except orjson.JSONEncodeError:  # an int beyond 64 bits, say
+            extra = -1
+    if extra == 0 and (line.find(b"\\") < 0 or b"\\u" not in line):
+        return False
+    return _repeats_a_key_slowly(line)
+
+
 def decode_fields(line: bytes) -> EnvelopeFields | str:
     """Decode one line (without its newline) into its fields, or the reason it is unusable.
 
@@ -640,13 +746,29 @@ def decode_fields(line: bytes) -> EnvelopeFields | str:
     if len(line) < _SHALLOW_BELOW or shallow(line):  # (the length alone decides most lines)
         decoded = _typed(line)
         if decoded is not None:
-            return decoded
+            if isinstance(decoded, str):
+                return decoded
+            # `repeats_a_key`'s first test, inlined (a call costs a quarter of it): most lines
+            # hold only the colons of their fields and of a flat body's members
+            colons = line.count(b":")
+            body = decoded.body
+            if colons == _FIELD_COLONS or (
+                type(body) is dict and colons == _FIELD_COLONS + len(body)
+            ):
+                return decoded
+            return REPEATED_KEY if repeats_a_key(line, body) else decoded
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
-        return _by_pydantic(line)
+        return _checked(_by_pydantic(line), line)
     if type(obj) is dict:
         checked: EnvelopeFields | str | None = _fields(obj)
         if checked is not None:
-            return checked
-    return _by_pydantic(line)
+            return _checked(checked, line)
+    return _checked(_by_pydantic(line), line)
+
+
+def _checked(decoded: EnvelopeFields | str, line: bytes) -> EnvelopeFields | str:
+    if isinstance(decoded, str) or not repeats_a_key(line, decoded.body):
+        return decoded
+    return REPEATED_KEY

@@ -136,8 +136,9 @@ def payload(type_name: str) -> Any:
 
 
 def payload_model(type_name: str) -> type[BaseModel] | None:
-    """The model registered for `type_name`, or None."""
-    return _payloads.get(type_name)
+    """The model registered for `type_name`, or None (also for a `type_name` that is no str:
+    no envelope that the owner reads has one)."""
+    return _payloads.get(type_name) if type(type_name) is str else None
 
 
 def validate_body(type_name: str, body: Any) -> None:
@@ -147,6 +148,10 @@ def validate_body(type_name: str, body: Any) -> None:
         return
     try:
         model.model_validate(body)
+    except TypeError as exc:  # pydantic's, for a dict whose keys are not all str
+        raise PayloadError(
+            f"body of type {type_name!r} does not match {model.__qualname__}: {exc}"
+        ) from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
@@ -241,7 +246,23 @@ def _type_of(body: Any, default: str) -> str:
 # --- the envelope models ----------------------------------------------------------------------
 
 
-class ErrorBody(BaseModel):
+class Body(BaseModel):
+    """A protocol body (`ErrorBody`, `TaskResult`, ...): built with fields that do not fit,
+    it raises `PayloadError` naming the field, not pydantic's error. (`model_validate` on a
+    body someone sent stays pydantic's: the readers of peers' bodies translate it.)"""
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"]) or "body"
+            raise PayloadError(f"invalid {type(self).__name__}: {where}: {first['msg']}") from None
+        except TypeError as exc:  # pydantic's, for a dict in it whose keys are not all str
+            raise PayloadError(f"invalid {type(self).__name__}: {exc}") from None
+
+
+class ErrorBody(Body):
     """The body of an error response: what failed, in the callee's words."""
 
     model_config = ConfigDict(frozen=True)
@@ -321,7 +342,12 @@ class Envelope(BaseModel):
     ) -> Request:
         """An envelope that expects a response; `timeout` sets its `deadline`."""
         now = time.time()
-        deadline = None if timeout is None else now + timeout
+        try:
+            deadline = None if timeout is None else now + timeout
+        except TypeError:
+            raise InvalidEnvelope(
+                f"invalid request: timeout: a number of seconds, or None; not {timeout!r}"
+            ) from None
         if _plain(body, type, trace_id, sender, recipient) and (
             deadline is None or (builtins.type(deadline) is float and math.isfinite(deadline))
         ):
@@ -376,8 +402,8 @@ class Envelope(BaseModel):
             error = type(error).__name__
         try:
             body = ErrorBody(error=error, message=message)
-        except ValidationError as exc:
-            raise _invalid(ErrorBody, exc) from None
+        except PayloadError as exc:
+            raise InvalidEnvelope(f"invalid response: body: {exc}") from None
         return Envelope.response(request, body)
 
     @staticmethod

@@ -46,7 +46,12 @@ data's (a line in an inbox that cannot be decoded is quarantined, never raised).
         └── ScriptExhausted                  a ScriptedModel was called after its last reply
 
 Third-party exceptions (OSError from the file system, pydantic's ValidationError) are translated
-into these at the one boundary where they occur.
+into these at the one boundary where they occur: whatever data goes in (envelope fields and
+bodies, protocol bodies such as `TaskResult(...)`, a peer's answer, a path or URL, the CLI's
+argv), only these come out (tests/test_public_api_fuzz.py). The one exception is a programming
+error: an argument of the wrong Python type to a constructor of configuration (`Teammate`,
+`Limits`: a str where an int goes) or something other than an `Envelope` given to `send()` is
+Python's `TypeError`.
 """
 
 from __future__ import annotations

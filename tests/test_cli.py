@@ -143,7 +143,9 @@ def test_default_demo_is_research_writer(tmp_path: Path) -> None:
     result = teamrt("demo", "--dir", str(tmp_path / "boxes"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "researcher -> writer" in result.stdout
-    assert (tmp_path / "mailboxes" / "research-writer-scratch" / "agent-loop.md").exists()
+    assert f"writing in {tmp_path / 'boxes' / 'research-writer'}/" in result.stdout
+    assert (tmp_path / "boxes" / "research-writer" / "scratch" / "agent-loop.md").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["boxes"]  # --dir holds everything
 
 
 def test_demo_runs_two_processes(tmp_path: Path) -> None:
@@ -192,7 +194,8 @@ def test_two_process_demo_runs_the_writer_elsewhere(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "the writer's process exited with code 0" in result.stdout
     assert "writer: running as incarnation" in result.stdout
-    assert (tmp_path / "mailboxes" / "research-writer-scratch" / "agent-loop.md").exists()
+    assert (tmp_path / "boxes" / "research-writer" / "scratch" / "agent-loop.md").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["boxes"]
 
 
 def test_run_agent_refuses_a_member_that_already_runs(tmp_path: Path) -> None:

@@ -321,7 +321,7 @@ async def test_conductor_demo_runs_offline(
     state = json.loads((tmp_path / "conductor-team" / "conductor" / "state.json").read_text())
     failed = [d for d in state["decisions"] if d["evidence"] and d["evidence"]["exit_code"] == 1]
     assert failed and "assert 5 == 6" in failed[0]["evidence"]["tail"]
-    assert (tmp_path / "conductor-work" / "calc" / "__main__.py").exists()
+    assert (tmp_path / "conductor-team" / "work" / "calc" / "__main__.py").exists()
 
 
 def test_plans_from_json_and_yaml_files(tmp_path: Path) -> None:

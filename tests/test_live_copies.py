@@ -39,6 +39,8 @@ WRITERS = tuple(f"w{k}" for k in range(12))
 MEMBERS = (*INBOXES, *WRITERS)
 SEGMENT = 16 << 10
 PAD = "x" * 500  # a body the replay page shows whole (600 characters)
+#: the writer processes import `tests` too, which a script run by its path does not find
+WRITER_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
 
 #: (inbox, seq, sender, count): one record of a copy (seq None where the format shows none)
 Row = tuple[str, int | None, str, int]
@@ -78,6 +80,7 @@ class Writers:
                 [sys.executable, __file__, locator, name, INBOXES[k % 2], str(directory)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
+                env=WRITER_ENV,
             )
             for k, name in enumerate(WRITERS)
         ]

@@ -155,7 +155,7 @@ def test_the_research_writer_demo_on_redis(
     result = teamrt("demo", name, "--dir", str(tmp_path / "boxes"), "--store", url, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Inboxes: in redis://127.0.0.1" in result.stdout
-    assert (tmp_path / "mailboxes" / "research-writer-scratch" / "agent-loop.md").exists()
+    assert (tmp_path / "boxes" / "research-writer" / "scratch" / "agent-loop.md").exists()
     assert not (tmp_path / "boxes" / "research-writer" / "inboxes").exists()  # all in Redis
     again = teamrt("demo", name, "--dir", str(tmp_path / "boxes"), "--store", url, cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr  # the demo's team starts over

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from teamrt import Envelope, FileMailboxes, Mailboxes, open_mailboxes, open_view
-from teamrt.errors import StoreError, TeamKeyMismatch
+from teamrt.errors import StoreError, TeamKeyMismatch, UsageError
 from teamrt.mail.memory import MemoryStore
 from teamrt.mail.signing import KEY_ENV, fingerprint
 from teamrt.team import Team
@@ -49,7 +49,7 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return server.url("t" + os.urandom(6).hex())
 
 
-async def _make(where: str, key: str | None = KEY) -> str:
+async def _make(where: str, key: str | bytes | None = KEY) -> str:
     """Create the team (signed with `key`), with one message in w's inbox; return its id."""
     async with open_mailboxes(where, members=MEMBERS, key=key) as mail:
         sent = Envelope.message("lead", "w", "hello")
@@ -368,3 +368,105 @@ async def test_run_agent_serves_a_signed_team_with_its_key(where: str, tmp_path:
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+# -- keys that are not UTF-8 text --
+
+RAW_KEY = bytes(range(128, 160))  # 32 bytes, none of them UTF-8 text
+
+
+async def test_a_key_in_the_environment_is_its_bytes_even_when_they_are_not_utf8(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """POSIX environments hold bytes: `TEAMRT_TEAM_KEY` is the same key as those bytes given as
+    `key=` (Python shows them as a str with surrogate escapes, which `str.encode` refuses)."""
+    team = tmp_path / "t"
+    await _make(str(team), key=RAW_KEY)
+    monkeypatch.setitem(os.environb, KEY_ENV.encode(), RAW_KEY)
+    async with FileMailboxes(team) as mail:
+        assert (await mail.inbox("w").receive(timeout=5)).body == "hello"
+    with open_view(team):
+        pass
+
+
+def test_a_command_takes_a_key_in_the_environment_that_is_not_utf8(tmp_path: Path) -> None:
+    team = tmp_path / "t"
+    anyio.run(_make, str(team), RAW_KEY)
+    env: dict[bytes, bytes] = {k: v for k, v in os.environb.items() if k != KEY_ENV.encode()}
+    env[KEY_ENV.encode()] = RAW_KEY
+    done = subprocess.run(
+        [sys.executable, "-m", "teamrt", "send", str(team), "--from", "lead", "--to", "w",
+         "--text", "hi"],
+        capture_output=True, text=True, timeout=50, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+async def test_a_str_key_with_surrogate_escapes_is_the_bytes_it_escapes(tmp_path: Path) -> None:
+    """A key read from argv or the environment as str (surrogate escapes for bytes that are
+    not UTF-8) opens the team made with those bytes."""
+    team = tmp_path / "t"
+    await _make(str(team), key=RAW_KEY)
+    async with FileMailboxes(team, key=os.fsdecode(RAW_KEY)) as mail:
+        assert (await mail.inbox("w").receive(timeout=5)).body == "hello"
+
+
+def test_a_key_that_cannot_be_encoded_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="team key"):
+        FileMailboxes("unused", key="\ud800" * 16)
+
+
+async def test_a_renamed_signed_team_says_it_was_renamed_not_that_the_key_is_another(
+    tmp_path: Path,
+) -> None:
+    """A team directory's name is its team, and the fingerprint (like every signature) covers
+    it: after `mv t u` the right key no longer fits, and the refusal must say why."""
+    await _make(str(tmp_path / "t"))
+    (tmp_path / "t").rename(tmp_path / "u")
+    with pytest.raises(TeamKeyMismatch) as caught:
+        async with FileMailboxes(tmp_path / "u", key=KEY):
+            pass
+    message = str(caught.value)
+    assert "'t'" in message and "renamed" in message and "another key" not in message
+
+
+_RACER = """
+import sys, time, anyio
+from pathlib import Path
+from teamrt import open_mailboxes
+from teamrt.errors import TeamKeyMismatch
+where, key, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+while not go.exists():
+    time.sleep(0.001)
+async def main() -> None:
+    try:
+        async with open_mailboxes(where, members=["lead", "w"], key=key):
+            print("opened")
+    except TeamKeyMismatch:
+        print("refused")
+anyio.run(main)
+"""
+
+
+def _racer(where: str, key: str, go: Path) -> subprocess.Popen[str]:
+    command = [sys.executable, "-c", _RACER, where, key, str(go)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_processes_creating_a_team_with_different_keys_agree_on_one(
+    where: str, tmp_path: Path
+) -> None:
+    """Both start before the team exists: one creates it with its key, the other is refused,
+    and the team records the winner's key."""
+    go = tmp_path / "go"
+    racers = [_racer(where, key, go) for key in (KEY, OTHER)]
+    go.touch()
+    outcomes = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=50)
+        assert racer.returncode == 0, err
+        outcomes.append(out.strip())
+    assert sorted(outcomes) == ["opened", "refused"]
+    winner = (KEY, OTHER)[outcomes.index("opened")]
+    team = "t" if "://" not in where else where.rpartition("team=")[2]
+    assert _settings(where, winner)["key_fingerprint"] == fingerprint(winner.encode(), team)

@@ -34,6 +34,7 @@ from pydantic import TypeAdapter
 from teamrt.agents.state import AgentState, OpenStep, Stop
 from teamrt.errors import StoreError
 from teamrt.models.base import ChatMessage, ModelReply, OutputSpec, Usage
+from teamrt.private_files import make_dirs
 
 _MESSAGES = TypeAdapter(list[ChatMessage])
 _SCALARS = {
@@ -123,7 +124,7 @@ def _truncate(path: Path, length: int) -> None:
 
 
 def _prepare(path: Path) -> Path:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_dirs(path.parent)
     return path
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from teamrt.errors import UsageError
+from teamrt.private_files import write_private
 
 SAVED_FORMAT = 1  # the "format" of a saved run: bumped when a saved run can no longer be read
 
@@ -390,7 +391,7 @@ def run_json(meta: dict[str, Any], figures: Sequence[Figure]) -> dict[str, Any]:
 
 
 def save(path: Path, run: dict[str, Any]) -> None:
-    path.write_text(json.dumps(run, indent=2) + "\n")
+    write_private(path, json.dumps(run, indent=2) + "\n")
 
 
 def check_writable(path: str) -> None:

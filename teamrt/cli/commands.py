@@ -16,6 +16,7 @@ from teamrt.errors import TeamrtError, UsageError
 from teamrt.mail import open_view
 from teamrt.mail.locator import is_url, with_team
 from teamrt.names import validate_name
+from teamrt.private_files import make_dirs
 from teamrt.specs import load_object
 
 
@@ -91,7 +92,8 @@ def export(args: argparse.Namespace) -> int:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from teamrt.cli.replay import open_private, parse_time, run_replay, split
+    from teamrt.cli.replay import parse_time, run_replay, split
+    from teamrt.private_files import open_private
     from teamrt.replay import Filter
 
     args.dir = team_at(args.dir)
@@ -265,7 +267,7 @@ async def soak(args: argparse.Namespace) -> int:
         raise UsageError(f"--dir {args.dir} is a file; give a directory for the soak's logs")
     root = Path(args.dir) if args.dir is not None else None
     if root is not None:
-        root.mkdir(parents=True, exist_ok=True)
+        make_dirs(root)
     say = (lambda _line: None) if args.json else (lambda line: print(line, flush=True))
     figures = await soak(
         seconds=args.seconds,

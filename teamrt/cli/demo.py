@@ -11,7 +11,6 @@ in `teamrt.demos`; `teamrt.cli.main` picks one.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import anyio
 
+from teamrt.demos.workspace import claim
 from teamrt.envelopes import Envelope, Request
 from teamrt.mail import FileMailboxes, open_view
 
@@ -55,10 +55,16 @@ async def worker(team_dir: str) -> None:
 
 
 async def lead(root: Path) -> int:
+    """The lead's side, in `root`/exchange/ (the team); `MemberBusy` if that directory is in
+    use by a run that has not ended."""
     team_dir = root / TEAM
-    if team_dir.exists():
-        shutil.rmtree(team_dir)  # the demo's own scratch team from an earlier run
+    with claim(team_dir, TEAM, what="the team's inboxes/"):
+        return await _lead(team_dir)
+
+
+async def _lead(team_dir: Path) -> int:
     async with FileMailboxes(team_dir, members=["lead", "worker"]) as mail:
+        mail.inbox("lead")  # its lease, held from now on: the team is live
         proc = subprocess.Popen([sys.executable, "-m", "teamrt.cli.demo", "worker", str(team_dir)])
         print(f"lead: started worker as process {proc.pid} on {team_dir}")
         try:
@@ -89,6 +95,7 @@ async def lead(root: Path) -> int:
             sizes, depth = view.sizes(name), sum(1 for _ in view.scan(name))
             print(f"  {name:8} {depth:3} envelopes  {sizes.get('bytes', 0):6} bytes")
     print(f"\nSee them at a glance:  teamrt inspect {team_dir}")
+    print(f"Replay the run:        teamrt replay {team_dir}")
     return code
 
 
@@ -96,24 +103,34 @@ async def service_demo(root: Path, model: str = "offline", store: str | None = N
     """The service demo without a server: the app's lifespan starts the team, and one request
     goes through the app over an in-memory ASGI transport. `store`: the team's inboxes in this
     store URL instead of files."""
-    try:
-        import httpx
+    try:  # the extra's modules, checked before anything starts (used in _serve_once)
+        import httpx  # noqa: F401
 
-        from teamrt.demos.service import create_app, demo_team
+        import teamrt.demos.service  # noqa: F401
     except ImportError as exc:
         raise SystemExit(
             f"the service demo needs the service extra: pip install 'teamrt[service]' ({exc})"
         ) from None
     from teamrt.demos import real
-    from teamrt.demos.research_writer import DOCUMENT, scratch_dir
+    from teamrt.demos.research_writer import DOCUMENT, scratch_in
 
     await real.check_environment(model)
     directory = Path(os.environ.get("TEAMRT_SERVICE_DIR", root / "service"))
-    if directory.exists():
-        shutil.rmtree(directory)  # the demo's own team from an earlier run
-    (scratch_dir() / DOCUMENT).unlink(missing_ok=True)  # and the writer's document
-    if store is not None:
-        await real.fresh_team(store)  # the demo's own inboxes from an earlier run
+    what = "the team in team/, the writer's scratch/"
+    with claim(directory, "service", what=what), scratch_in(directory / "scratch") as scratch:
+        (scratch / DOCUMENT).unlink(missing_ok=True)  # a TEAMRT_DEMO_SCRATCH of an earlier run
+        if store is not None:
+            await real.fresh_team(store)  # the demo's own inboxes from an earlier run
+        return await _serve_once(directory, model, store)
+
+
+async def _serve_once(directory: Path, model: str, store: str | None) -> int:
+    import httpx
+
+    from teamrt.demos import real
+    from teamrt.demos.research_writer import DOCUMENT, scratch_dir
+    from teamrt.demos.service import create_app, demo_team
+
     app = create_app(lambda: demo_team(model), directory=lambda: directory, store=lambda: store)
     async with app.router.lifespan_context(app):
         members = list(app.state.team.teammates)
@@ -128,6 +145,8 @@ async def service_demo(root: Path, model: str = "offline", store: str | None = N
             print(f"GET /status -> {(await client.get('/status')).json()}")
     print("the app stopped, and its team shut down with it\n")
     found = real.print_reports(store or directory / "team", members, directory / "team" / "agents")
+    shown = f"'{store}'" if store is not None else directory / "team"
+    print(f"Everything is in {directory}/; replay the run:  teamrt replay {shown}")
     failure = real.first_failure(found, members)
     if failure is None and response.status_code != 200:
         failure = f"POST /ask answered {response.status_code}: {body.get('error')}"

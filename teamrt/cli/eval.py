@@ -18,6 +18,7 @@ from typing import Any
 
 from teamrt.cli.runner import positive_int, seconds
 from teamrt.errors import UsageError
+from teamrt.private_files import open_private, write_private
 
 HELP = (
     "run an agent or a team over cases, score and report; compare two runs; make cases from "
@@ -200,9 +201,9 @@ async def _run(args: argparse.Namespace) -> int:
             await close()
     print(format_text(report), flush=True)
     if json_path is not None:
-        json_path.write_text(report.to_json() + "\n", encoding="utf-8")
+        write_private(json_path, report.to_json() + "\n")
     if html_path is not None:
-        with html_path.open("w", encoding="utf-8") as out:
+        with open_private(html_path) as out:
             write_html(report, out)
     return 0 if report.passed == len(report.cases) else 1
 
@@ -218,7 +219,7 @@ def _compare(args: argparse.Namespace) -> int:
     print(format_comparison(comparison))
     if json_path is not None:
         data = comparison.model_dump_json(indent=2)
-        json_path.write_text(data + "\n", encoding="utf-8")
+        write_private(json_path, data + "\n")
     return 1 if comparison.regressed else 0
 
 
@@ -233,7 +234,7 @@ def _from_run(args: argparse.Namespace) -> int:
     if output is None:
         sys.stdout.write(lines)
     else:
-        output.write_text(lines, encoding="utf-8")
+        write_private(output, lines)
     where = f" to {output}" if output is not None else ""
     print(
         f"{len(found.cases)} cases from {redacted(args.from_run)}{where}; their checks are "

@@ -408,8 +408,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
+    nul = next((word for word in words if "\x00" in word), None)
+    if nul is not None:  # (no process is given one: only a caller of main() can)
+        print(f"teamrt: {nul!r}: an argument cannot hold a NUL character", file=sys.stderr)
+        return 2
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(words)
     except KeyboardInterrupt:
         return 130
     configure_logging(args.log_level)

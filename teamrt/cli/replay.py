@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -13,7 +12,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime
 from itertools import islice
-from pathlib import Path
 from typing import Any, TextIO
 
 from teamrt.cli.progress import Progress, on_terminal
@@ -37,18 +35,6 @@ _COLOURS = [31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96]
 # C0 and C1 controls (ESC starts terminal escape sequences), DEL, and the bidirectional overrides
 # that can make a line read differently from what it holds: shown as escapes, never sent raw
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def open_private(path: Path) -> TextIO:
-    """`path` opened for writing as text, readable by its owner only (0600) whatever the umask:
-    a replay holds every body of the team."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # a file that was there already keeps its mode otherwise
-        return os.fdopen(fd, "w", encoding="utf-8")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def safe(text: object) -> str:

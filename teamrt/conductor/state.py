@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from teamrt.conductor.checks import Evidence
 from teamrt.conductor.plan import Plan
+from teamrt.private_files import make_dirs, write_private
 
 
 class Decision(BaseModel):
@@ -63,9 +64,9 @@ class ConductorState(BaseModel):
         return decision
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_dirs(path.parent)
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(self.model_dump_json(indent=2))
+        write_private(tmp, self.model_dump_json(indent=2))
         os.replace(tmp, path)
 
     @classmethod

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,9 +27,11 @@ import anyio
 from teamrt.agents import tool
 from teamrt.conductor import Conductor, ConductorState, Decision, Plan, Policy, Subtask
 from teamrt.demos import real
+from teamrt.demos.workspace import claim
 from teamrt.errors import TeamrtError
 from teamrt.mail import open_mailboxes
 from teamrt.models import ChatMessage, ModelReply, ToolSpec, call
+from teamrt.private_files import write_private
 from teamrt.team import IDLE, IdleBody, Team, Teammate
 
 PYTEST = f"{sys.executable} -m pytest -q -p no:cacheprovider"
@@ -149,8 +150,7 @@ def builders(workdir: Path, model: str = "offline") -> list[Teammate]:
         target = (workdir / path).resolve()
         if workdir.resolve() not in target.parents:
             raise ValueError(f"{path!r} is outside the work directory")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
+        write_private(target, content)
         return f"wrote {path}"
 
     prices = real.prices()
@@ -181,22 +181,26 @@ def _show(decision: Decision) -> None:
 
 
 async def run(root: Path, model: str = "offline", store: str | None = None) -> int:
-    """Run the demo: 0 when the acceptance check passed; otherwise 1, after the stop reports
-    and one line saying why. `store`: a store URL for the team's inboxes instead of files
-    under `root` (the conductor's state and the agents' journals stay under `root`)."""
+    """Run the demo in `root`/conductor-team/ (the team, the conductor's state, the package in
+    work/): 0 when the acceptance check passed; otherwise 1, after the stop reports and one line
+    saying why. `store`: a store URL for the team's inboxes instead of files (the conductor's
+    state and the agents' journals stay in the directory). `MemberBusy` if the directory is in
+    use by a run that has not ended."""
     await real.check_environment(model)
-    workdir = root / "conductor-work"
     team_dir = root / "conductor-team"
+    what = "the team, the conductor's state in conductor/, the package in work/"
+    with claim(team_dir, "conductor", what=what):
+        if store is not None:
+            await real.fresh_team(store)  # the demo's own inboxes from an earlier run
+        return await _run(team_dir, model, store)
+
+
+async def _run(team_dir: Path, model: str, store: str | None) -> int:
+    workdir = team_dir / "work"
     state_path = team_dir / "conductor" / "state.json"
-    for directory in (workdir, team_dir):
-        if directory.exists():
-            shutil.rmtree(directory)  # the demo's own files from an earlier run
     for path, text in SCAFFOLD.items():
-        (workdir / path).parent.mkdir(parents=True, exist_ok=True)
-        (workdir / path).write_text(text)
+        write_private(workdir / path, text)
     where = store or str(team_dir)
-    if store is not None:
-        await real.fresh_team(store)  # the demo's own inboxes from an earlier run
     print(f"goal: make the calc package in {workdir} pass its tests\n")
     planner = real.make_model(model, planner_brain, "planner")
     state: ConductorState | None = None
@@ -250,6 +254,7 @@ async def run(root: Path, model: str = "offline", store: str | None = None) -> i
     found = real.print_reports(where, BUILDERS, team_dir / "agents")
     print(f"\ndecisions with evidence: {state_path}")
     shown = f"'{where}'" if store is not None else where
+    print(f"everything is in:       {team_dir}/ (the package in {workdir}/)")
     print(f"replay the team:        teamrt replay {shown}")
     failure = stopped[0] if stopped else real.first_failure(found, BUILDERS)
     if failure is None and (state is None or state.outcome != "accepted"):

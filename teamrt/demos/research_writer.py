@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +28,46 @@ import anyio
 
 from teamrt.agents import tool
 from teamrt.demos import real
+from teamrt.demos.workspace import claim
 from teamrt.errors import TeamrtError
 from teamrt.mail import open_mailboxes
 from teamrt.mail.locator import describe
 from teamrt.models import ChatMessage, ModelReply, ToolSpec, call, calls
+from teamrt.private_files import write_private
 from teamrt.replay import timeline
 from teamrt.team import TaskResult, Team, Teammate
 
 NOTES = Path(__file__).with_name("notes")
 TEAM = "research-writer"
+SCRATCH_VARIABLE = "TEAMRT_DEMO_SCRATCH"
 TASK = (
     "Research the agent loop from the notes, then have the writer write agent-loop.md "
     "from your findings."
 )
 
 
+#: The scratch directory of the demo running in this context (set by `run` for its teammates).
+_SCRATCH: ContextVar[Path | None] = ContextVar("teamrt_demo_scratch", default=None)
+
+
 def scratch_dir() -> Path:
-    """Where the writer writes: TEAMRT_DEMO_SCRATCH, else under mailboxes/."""
-    return Path(os.environ.get("TEAMRT_DEMO_SCRATCH", "mailboxes/research-writer-scratch"))
+    """Where the writer writes: TEAMRT_DEMO_SCRATCH; else, in a demo run, scratch/ of the
+    demo's directory; else mailboxes/research-writer/scratch."""
+    chosen = os.environ.get(SCRATCH_VARIABLE)
+    if chosen:
+        return Path(chosen)
+    return _SCRATCH.get() or Path("mailboxes", TEAM, "scratch")
+
+
+@contextmanager
+def scratch_in(directory: Path) -> Iterator[Path]:
+    """Within this block (and the tasks it starts), the writer writes into `directory`
+    unless TEAMRT_DEMO_SCRATCH names another. Yields where it writes."""
+    token = _SCRATCH.set(directory)
+    try:
+        yield scratch_dir()
+    finally:
+        _SCRATCH.reset(token)
 
 
 # --- tools: they touch real files ---------------------------------------------------------------
@@ -71,8 +94,7 @@ def write_file(name: str, content: str) -> str:
     if "/" in name or name.startswith(".") or not name.endswith(".md"):
         raise ValueError(f"{name!r}: write a plain .md file name")
     scratch = scratch_dir()
-    scratch.mkdir(parents=True, exist_ok=True)
-    (scratch / name).write_text(content)
+    write_private(scratch / name, content)  # 0600 in 0700 directories, whatever the umask
     return f"wrote {scratch / name} ({len(content.split())} words)"
 
 
@@ -203,25 +225,33 @@ async def run(
     two_process: bool = False,
     store: str | None = None,
 ) -> int:
-    """Run the demo; with `two_process`, the writer runs in a child process (`run-agent`).
-    `store`: a store URL (Redis) for the team's inboxes instead of files under `root` (the
-    agents' journals stay under `root`). 0 when the writer wrote its file and every agent
-    answered; otherwise 1, after the stop reports and one line saying what went wrong."""
-    from teamrt.cli.live import live_view
-
+    """Run the demo in `root`/research-writer/ (the team, the agents' journals in agents/, the
+    writer's files in scratch/); with `two_process`, the writer runs in a child process
+    (`run-agent`). `store`: a store URL (Redis) for the team's inboxes instead of files (the
+    journals and scratch/ stay in the directory). 0 when the writer wrote its file and every
+    agent answered; otherwise 1, after the stop reports and one line saying what went wrong.
+    `MemberBusy` if the directory is in use by a run that has not ended."""
     await real.check_environment(model)
     team_dir = root / TEAM
-    for directory in (team_dir, scratch_dir()):
-        if directory.exists():
-            shutil.rmtree(directory)  # the demo's own files from an earlier run
+    what = "the team's agents/ journals and the writer's scratch/"
+    if store is None:
+        what = "the team's inboxes/, " + what
+    with claim(team_dir, "research-writer", what=what), scratch_in(team_dir / "scratch") as scratch:
+        (scratch / DOCUMENT).unlink(missing_ok=True)  # a TEAMRT_DEMO_SCRATCH of an earlier run
+        if store is not None:
+            await real.fresh_team(store)  # the demo's own inboxes from an earlier run
+        return await _run(team_dir, store, model, live, two_process)
+
+
+async def _run(team_dir: Path, store: str | None, model: str, live: bool, two_process: bool) -> int:
+    from teamrt.cli.live import live_view
+
     local = teammates(model)
     remote: list[str] = []
     result: TaskResult | None = None
     failure: str | None = None
     code = 0
     where = store or str(team_dir)
-    if store is not None:
-        await real.fresh_team(store)  # the demo's own inboxes from an earlier run
     async with open_mailboxes(where, members=["lead", "researcher", "writer"]) as mail:
         child = await _start_writer(where, team_dir / "agents", model) if two_process else None
         if child is not None:
@@ -246,22 +276,29 @@ async def run(
     print()
     found = real.print_reports(where, ["researcher", "writer"], team_dir / "agents")
     _print_timeline(where)
-    document = scratch_dir() / DOCUMENT
-    if document.exists():
-        print(f"\nThe writer wrote {document} ({len(document.read_text().split())} words).")
-    if store is None:
-        print(f"Inbox files: {team_dir}/inboxes/; transcripts: {team_dir / 'agents'}")
-    else:
-        print(f"Inboxes: in {describe(store)}; transcripts: {team_dir / 'agents'}")
-    command, shown = _command(), "'" + where + "'" if store is not None else where
-    print(f"Look at the team:  {command} inspect {shown}")
-    print(f"Replay the run:    {command} replay {shown}   (--format html -o run.html: a page)")
+    document = _print_where(team_dir, store)
     failure = failure or real.first_failure(found, ["researcher", "writer"])
     if failure is None and code != 0:
         failure = f"the writer's process exited with code {code}"
     if failure is None and not document.exists():
         failure = _why_no_document(found)
     return real.fail(failure) if failure is not None else 0
+
+
+def _print_where(team_dir: Path, store: str | None) -> Path:
+    """Say where the run's files are and how to look at them; the writer's document."""
+    document = scratch_dir() / DOCUMENT
+    if document.exists():
+        print(f"\nThe writer wrote {document} ({len(document.read_text().split())} words).")
+    if store is None:
+        print(f"Everything is in {team_dir}/: inbox files in inboxes/, transcripts in agents/")
+    else:
+        print(f"Inboxes: in {describe(store)}; transcripts: {team_dir / 'agents'}")
+    command = _command()
+    shown = f"'{store}'" if store is not None else str(team_dir)
+    print(f"Look at the team:  {command} inspect {shown}")
+    print(f"Replay the run:    {command} replay {shown}   (--format html -o run.html: a page)")
+    return document
 
 
 async def _start_writer(where: str, agent_dir: Path, model: str) -> anyio.abc.Process:
@@ -283,7 +320,7 @@ async def _start_writer(where: str, agent_dir: Path, model: str) -> anyio.abc.Pr
         ],
         stdout=None,
         stderr=None,
-        env={**os.environ, real.MODEL_VARIABLE: model},
+        env={**os.environ, real.MODEL_VARIABLE: model, SCRATCH_VARIABLE: str(scratch_dir())},
     )
     print(f"lead: started the writer as process {child.pid} ({model} model)")
     return child

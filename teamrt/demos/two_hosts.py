@@ -16,7 +16,6 @@ temporary directory, and stops it at the end.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import time
@@ -29,10 +28,12 @@ import anyio.abc
 
 from teamrt.agents.tools import tool
 from teamrt.demos.local_redis import private_redis_server
+from teamrt.demos.workspace import claim
 from teamrt.envelopes import Envelope
 from teamrt.mail import export_team, open_mailboxes, open_store, open_view
 from teamrt.mail.locator import describe, with_team
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
+from teamrt.private_files import make_dirs, write_private
 from teamrt.team import TASK, TaskResult, Teammate
 
 TEAM = "two-hosts"
@@ -50,9 +51,8 @@ def write_section(title: str) -> str:
     """Write one section of the note into notes/ of the working directory."""
     time.sleep(SECTION_SECONDS)
     folder = Path("notes")
-    folder.mkdir(exist_ok=True)
     path = folder / f"{SECTIONS.index(title) + 1}.md" if title in SECTIONS else folder / "x.md"
-    path.write_text(f"## {title}\n\nwritten by pid {os.getpid()}\n")
+    write_private(path, f"## {title}\n\nwritten by pid {os.getpid()}\n")
     return f"wrote {path} (pid {os.getpid()})"
 
 
@@ -88,21 +88,22 @@ def _team_url(server: str) -> str:
 
 
 async def run(root: Path, store: str | None = None) -> int:
-    """Run the demo (see the module docstring); 0 when the second incarnation answered."""
-    if store is not None:
-        return await _run(root / TEAM, _team_url(store))
-    with private_redis_server(user="the two-hosts demo") as server:
-        print(f"demo: started a private redis-server at {server}")
-        return await _run(root / TEAM, _team_url(server))
+    """Run the demo (see the module docstring) in `root`/two-hosts/; 0 when the second
+    incarnation answered. `MemberBusy` if that directory is in use by a run not ended."""
+    what = "each host's working directory, host-a/ and host-b/, and the team exported to snapshot/"
+    with claim(root / TEAM, "two-hosts", what=what) as base:
+        if store is not None:
+            return await _run(base, _team_url(store))
+        with private_redis_server(user="the two-hosts demo") as server:
+            print(f"demo: started a private redis-server at {server}")
+            return await _run(base, _team_url(server))
 
 
 def _fresh_hosts(base: Path) -> tuple[Path, Path]:
-    """Each host's working directory, empty (the demo's own files from an earlier run go)."""
-    if base.exists():
-        shutil.rmtree(base)
+    """Each host's working directory (`claim` emptied `base` of an earlier run's)."""
     hosts = base / "host-a", base / "host-b"
     for host in hosts:
-        host.mkdir(parents=True)
+        make_dirs(host)
     return hosts
 
 

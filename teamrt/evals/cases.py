@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from teamrt.errors import InvalidName, UsageError
 from teamrt.names import validate_name
+from teamrt.private_files import write_private
 
 #: The note a check derived from a recorded run carries until the user edits it.
 DERIVED = "derived from the recorded answer: edit to say what a right answer must have"
@@ -300,4 +301,4 @@ def check_unique(cases: Iterable[Case], where: str) -> None:
 
 def write_cases(cases: Sequence[Case], path: str | Path) -> None:
     """Write `cases` as a JSONL cases file (one case per line)."""
-    Path(path).write_text("".join(c.to_json_line() + "\n" for c in cases), encoding="utf-8")
+    write_private(path, "".join(c.to_json_line() + "\n" for c in cases))

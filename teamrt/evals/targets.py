@@ -34,6 +34,7 @@ from teamrt.errors import TeamrtError, UsageError
 from teamrt.evals.cases import Case
 from teamrt.mail import open_mailboxes
 from teamrt.models.base import Model
+from teamrt.private_files import make_dirs
 from teamrt.specs import load_object
 from teamrt.team import TaskResult, Team, Teammate
 
@@ -141,7 +142,7 @@ class TeamTarget:
         if self.runs is not None:
             directory = self.runs / case.id
             _clear_run(directory)
-            self.runs.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.runs)
             return await self._ask(teammates, asked, directory, case, timeout)
         with tempfile.TemporaryDirectory(prefix="teamrt-eval-") as scratch:
             return await self._ask(teammates, asked, Path(scratch) / case.id, case, timeout)

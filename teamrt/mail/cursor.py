@@ -44,8 +44,9 @@ class Cursor:
     one of them again (a sender that retried after a crash) is a duplicate and is dropped. `tail`
     is the store's check of what lies before the position (the file store's CRC-32 of the 256
     bytes before the offset), so that an inbox truncated or replaced under the cursor is noticed;
-    `head`, `ino` and `born` are the file store's further marks of the file the position is in
-    (the CRC of its first 256 bytes, its inode number, its birth time; 0 where not known).
+    `head`, `ino`, `born` and `igen` are the file store's further marks of the file the position
+    is in (the CRC of its first 256 bytes, its inode number, birth time and inode generation; 0
+    where not known).
     `acked` is the format's older way of saying what was handled ahead (ids); it is read, never
     written.
     """
@@ -60,6 +61,7 @@ class Cursor:
     head: str | None = None
     ino: int = 0
     born: int = 0
+    igen: int = 0
 
     def to_json_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -77,7 +79,7 @@ class Cursor:
         if self.head is not None:
             data["head"] = self.head
         if self.ino:
-            data["ino"], data["born"] = self.ino, self.born
+            data["ino"], data["born"], data["igen"] = self.ino, self.born, self.igen
         return data
 
     @property
@@ -86,9 +88,13 @@ class Cursor:
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> Cursor:
+        """The cursor `to_json_dict` wrote. `ValueError` (as for a missing or mistyped field)
+        for positions no store writes: a negative segment, offset or seq below -1, or a run
+        ahead that is negative or ends where it starts (each store says which cursor, and what
+        to do)."""
         ahead = tuple((int(a), int(b), int(c), int(d)) for a, b, c, d in data.get("ahead", ()))
         tail = data.get("tail")
-        return cls(
+        cursor = cls(
             int(data["segment"]),
             int(data["offset"]),
             int(data.get("seq", -1)),
@@ -99,7 +105,17 @@ class Cursor:
             None if data.get("head") is None else str(data["head"]),
             int(data.get("ino", 0)),
             int(data.get("born", 0)),
+            int(data.get("igen", 0)),
         )
+        if cursor.segment < 0 or cursor.offset < 0 or cursor.seq < -1:
+            raise ValueError(
+                f"a negative position (segment {cursor.segment}, offset {cursor.offset}, "
+                f"seq {cursor.seq}), which no store writes"
+            )
+        for a, b, c, d in ahead:
+            if min(a, b, c, d) < 0 or (a, b) >= (c, d):
+                raise ValueError(f"a run ahead {[a, b, c, d]} that is negative or empty")
+        return cursor
 
 
 class AckTracker:

@@ -1,5 +1,9 @@
 """Where a team lives: a directory means files, a `redis://` or `rediss://` URL means Redis.
 
+A `file://` URL is the directory it spells (`file:///srv/teams/demo`, `file://localhost/...`,
+`file:/srv/...`, percent-escapes decoded); a URL of any other scheme is refused, never taken for
+a directory named after it.
+
 The one place above the stores that turns a locator into a concrete store, so that the CLI, the
 demos and applications take either and nothing else names a store class:
 
@@ -13,10 +17,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from teamrt.errors import UsageError
 from teamrt.mail.mailboxes import DEFAULT_RESCAN_INTERVAL, Mailboxes
@@ -32,14 +37,53 @@ def is_url(locator: Locator) -> bool:
     return isinstance(locator, str) and locator.startswith(URL_SCHEMES)
 
 
-def from_env(locator: Locator | None) -> Locator:
-    """`locator`, or `TEAMRT_STORE` when it is None."""
-    if locator is not None:
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def local_path(locator: Locator) -> Locator:
+    """`locator` with a `file:` URL turned into the path it names; anything else as it is,
+    but a URL whose scheme no store has (`http://`, `memory://`...), which is `UsageError`."""
+    if "\x00" in os.fspath(locator):
+        raise UsageError(f"{redacted(str(locator))!r}: a path or URL cannot hold a NUL character")
+    if not isinstance(locator, str) or is_url(locator):
         return locator
+    if locator[:5].lower() == "file:":
+        return _file_url_path(locator)
+    scheme = _SCHEME.match(locator)
+    if scheme is not None and locator[scheme.end() : scheme.end() + 2] == "//":
+        raise UsageError(
+            f"{redacted(locator)}: no store has the scheme {scheme.group()[:-1]!r}; give a team "
+            "directory (or a file:///absolute/path URL) or a redis://, rediss:// or unix:// URL"
+        )
+    return locator
+
+
+def _file_url_path(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise UsageError(
+            f"{url}: a file URL on another host ({parts.netloc}); teams on files are local: "
+            "give the directory on this machine, or a Redis URL for a team across hosts"
+        )
+    if parts.query or parts.fragment:
+        raise UsageError(f"{url}: a file URL takes no query or fragment; give the directory")
+    if not parts.path.startswith("/"):
+        raise UsageError(
+            f"{url}: a file URL names an absolute path (file:///srv/teams/demo); for a relative "
+            "one give the directory itself"
+        )
+    return unquote(parts.path)
+
+
+def from_env(locator: Locator | None) -> Locator:
+    """`locator`, or `TEAMRT_STORE` when it is None (a `file:` URL as its path, see
+    `local_path`)."""
+    if locator is not None:
+        return local_path(locator)
     value = os.environ.get("TEAMRT_STORE")
     if not value:
         raise UsageError("no team given: pass a team directory or a store URL, or set TEAMRT_STORE")
-    return value
+    return local_path(value)
 
 
 def with_team(url: str, team: str) -> str:
@@ -86,6 +130,7 @@ def open_store(
     """A store for the team at `locator` (not opened yet: `Mailboxes` opens it). `options` go
     to the store's constructor (`segment_bytes`, `shared_group` for files; `lease_ttl` for
     Redis)."""
+    locator = local_path(locator)
     if is_url(locator):
         try:  # an optional extra: imported only for a Redis team
             redisstore = importlib.import_module("teamrt.mail.redisstore")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import msgspec
 from pydantic import ValidationError
 
-from teamrt.codec import body_refusal, is_claim, reason
+from teamrt.codec import REPEATED_KEY, body_refusal, is_claim, reason, repeats_a_key
 from teamrt.codec import encode as codec_encode
 from teamrt.envelopes import (
     ENVELOPE_ADAPTER,
@@ -189,6 +189,8 @@ def decode_line(line: bytes) -> Envelope | str:
             registered.model_validate(envelope.body)
         except ValidationError as exc:
             return "payload: " + reason(exc).partition(": ")[2]
+    if repeats_a_key(line, envelope.body):
+        return REPEATED_KEY
     return envelope
 
 

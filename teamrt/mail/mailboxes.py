@@ -293,6 +293,7 @@ class Mailboxes:
             and self._signer is None
             and (fields["trace_id"] is not None or _trace.get() is None)  # current_trace()
             and not (telemetry.enabled() if traced is None else traced)
+            and type(fields["type"]) is str
             and _payload_for(fields["type"]) is None
         ):
             encoded = encode(envelope, finite=True)
@@ -333,8 +334,11 @@ class Mailboxes:
     async def send(self, envelope: Envelope) -> None:
         """Append `envelope` to its recipient's inbox (every other member's, for a broadcast).
 
-        When this returns the envelope is in the log at the configured durability.
+        When this returns the envelope is in the log at the configured durability. Anything
+        but an `Envelope` is a `TypeError` (a programming error).
         """
+        if not isinstance(envelope, Envelope):
+            raise TypeError(f"send() takes an Envelope, not {type(envelope).__name__}")
         if not self._open:
             self._check_open()
         if not telemetry.enabled():

@@ -31,12 +31,20 @@ FINGERPRINT_LEN = 16  # hex digits: 64 bits tell keys apart (it names a key, it 
 
 
 def team_key(key: str | bytes | None) -> bytes | None:
-    """The key to sign with: `key`, else `TEAMRT_TEAM_KEY`, else None (no signing)."""
+    """The key to sign with: `key`, else `TEAMRT_TEAM_KEY`, else None (no signing). A str is
+    its UTF-8 (bytes that are not UTF-8, escaped as Python does for argv and the environment,
+    count as themselves); the environment's value is taken as bytes."""
     if key is None:
-        key = os.environ.get(KEY_ENV) or None
+        # the environment's bytes: a key that is not UTF-8 is the same key in every process
+        key = os.environb.get(KEY_ENV.encode()) or None
     if key is None:
         return None
-    raw = key.encode() if isinstance(key, str) else bytes(key)
+    try:  # a str read from argv or the environment escapes its non-UTF-8 bytes: those bytes
+        raw = key.encode("utf-8", "surrogateescape") if isinstance(key, str) else bytes(key)
+    except UnicodeEncodeError:
+        raise UsageError(
+            "a team key given as str must be text (it holds a lone surrogate): pass its bytes"
+        ) from None
     if len(raw) < 16:
         raise UsageError("a team key must be at least 16 bytes (use e.g. `openssl rand -hex 32`)")
     return raw

@@ -18,9 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeGuard
 
-from pydantic import BaseModel
-
-from teamrt.envelopes import Envelope, Request, register_payload
+from teamrt.envelopes import Body, Envelope, Request, register_payload
 
 TASK = "task"
 STREAMED_TASK = "streamed_task"  # a task whose requester also wants progress as it happens
@@ -51,7 +49,7 @@ STALE_SHUTDOWN = "StaleShutdown"
 CANCELLED = "cancelled"
 
 
-class TaskResult(BaseModel):
+class TaskResult(Body):
     """The body of a `result` response: the teammate's answer and how its run ended.
 
     A typed teammate (`Teammate(..., output_type=...)`) that answered sends the value as JSON
@@ -72,7 +70,7 @@ class TaskResult(BaseModel):
     output_name: str | None = None  # the name of its type (None: an untyped teammate)
 
 
-class ProgressBody(BaseModel):
+class ProgressBody(Body):
     """The body of a `task_progress` message: one piece of a streamed task as it happens."""
 
     task: str  # the id of the task request
@@ -82,34 +80,34 @@ class ProgressBody(BaseModel):
     ok: bool | None = None  # for a tool result
 
 
-class ShutdownBody(BaseModel):
+class ShutdownBody(Body):
     incarnation: str | None = None  # None: whichever incarnation is running
     reason: str = ""
 
 
-class PlanBody(BaseModel):
+class PlanBody(Body):
     plan: str
     task: str  # the id of the task the plan is for
 
 
-class DecisionBody(BaseModel):
+class DecisionBody(Body):
     approved: bool
     feedback: str = ""
 
 
-class IdleBody(BaseModel):
+class IdleBody(Body):
     incarnation: str
     last: TaskResult | None = None
 
 
-class WithdrawBody(BaseModel):
+class WithdrawBody(Body):
     """The body of a `task_withdrawn` message: the task its requester stopped waiting for."""
 
     task: str  # the id of the task request
     reason: str = ""  # why: "cancelled", or the refusal the requester got
 
 
-class CrashBody(BaseModel):
+class CrashBody(Body):
     member: str
     incarnation: str
     error: str

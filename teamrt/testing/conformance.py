@@ -435,6 +435,27 @@ class MailboxConformance:
         async with harness.open() as mail:  # nothing comes back, nothing quarantined twice
             assert await _drain(mail, "worker") == []
 
+    async def test_lines_read_two_ways_are_quarantined(self, harness: StoreHarness) -> None:
+        """NaN (not JSON) and a key given twice (one reader keeps the first value, another
+        the last) are quarantined on the owner's path and left out by the view's."""
+        async with harness.open() as mail:
+            team = mail.team.encode()
+            line = stamp(encode(Envelope.message("lead", "worker", None)), 7, team)
+            for old, new in [
+                (b'"body":null', b'"body":NaN'),
+                (b'"body":null', b'"body":{"a":[1,-Infinity]}'),
+                (b'"sender":"lead"', b'"sender":"writer","sender":"lead"'),
+                (b'"body":null', b'"body":{"to":"writer","to":"lead"}'),
+            ]:
+                harness.write_raw("worker", line.replace(old, new))
+            await mail.send(Envelope.message("lead", "worker", "after"))
+            got = await _drain(mail, "worker")
+            assert [e.body for e in got] == ["after"]
+            assert (await mail.open_inbox("worker")).statistics().quarantined == 4
+            with mail.store.view() as view:
+                scanned = [decode_fields(e.raw) for e in view.scan("worker")]
+            assert [f.body for f in scanned if isinstance(f, EnvelopeFields)] == ["after"]
+
     async def test_unterminated_tail_is_not_corrupt(self, harness: StoreHarness) -> None:
         async with harness.open() as mail:
             line = stamp(encode(Envelope.message("lead", "worker", "slow")), 0, mail.team.encode())

@@ -7,7 +7,8 @@ descriptors. Leases stay; the rest are a cache. Readers and appenders register w
 and when the total passes the budget the ones opened longest ago give theirs back, if they are idle:
 a reader parks (see `FileReader.release_descriptors`: it keeps its position and the identity of its
 file, and its next read reopens the file and checks that it is the same one), an appender is dropped
-(the next send opens a new one, which takes `seq` from the inbox's high-water mark as any new writer does).
+(the next send opens a new one, which takes `seq` from the inbox's high-water mark as any new
+writer does).
 Inotify watches name inodes, not descriptors, so a parked reader is still woken.
 
 The budget is a quarter of this process's soft `RLIMIT_NOFILE` (at least 64), or

@@ -15,7 +15,8 @@ Under the process's descriptor budget (descriptors.py) an idle reader parks: it 
 descriptors and keeps its position, its file's identity (device, inode, birth time) and the CRCs
 of the first and the last 256 bytes before its position. Its next read reopens the file (the
 active name, else the segment's name if it was rotated meanwhile) and refuses one that is not the
-same file (another inode, or the same number given to a file created later), shorter, or
+same file (another inode, or the same number given to a file created later: another birth time
+or inode generation), shorter, or
 different in those bytes, as a read through the old descriptor would have (identity.py says why
 the inode number is not enough). While parked, `has_new` asks the active file's name (a stat), so
 the rescan never reopens an idle inbox.
@@ -46,7 +47,7 @@ from teamrt.mail.filestore.fileio import (
     write_all,
 )
 from teamrt.mail.filestore.framing import LineSplitter, decode_slots, encode_slot
-from teamrt.mail.filestore.identity import CHECK, identify, read_marks
+from teamrt.mail.filestore.identity import CHECK, identify, on_overlayfs, read_marks
 from teamrt.mail.filestore.paths import FIRST_READ, READ_CHUNK, InboxPaths
 from teamrt.mail.log import Corrupt, Cursor, Entry
 from teamrt.mail.store import InboxReader
@@ -90,23 +91,22 @@ def tail_crc(fd: int, offset: int) -> str:
 
 def file_marks(cursor: Cursor, fd: int) -> Cursor:
     """`cursor` with the marks of `fd`'s file, the one its position is in: the CRCs of the first
-    and of the last `TAIL_CHECK` bytes before its offset, its inode number and birth time."""
+    and of the last `TAIL_CHECK` bytes before its offset, its inode number, birth time and inode
+    generation (identity.py)."""
     head, tail = read_marks(fd, cursor.offset)
-    _, ino, _, born = identify(fd)
+    _, ino, _, born, generation = identify(fd)
     return Cursor(
         *(cursor.segment, cursor.offset, cursor.seq, cursor.acked, cursor.recent, cursor.ahead),
-        f"{tail:08x}",
-        f"{head:08x}",
-        ino,
-        born,
+        *(f"{tail:08x}", f"{head:08x}", ino, born, generation),
     )
 
 
 def not_the_file(cursor: Cursor, fd: int) -> str | None:
     """How `fd`'s file (at least `cursor.offset` bytes long) is not the one `cursor` was written
     for, or None where its marks agree. A mark the cursor lacks (written by older code) is not
-    checked. The birth time is compared only at the same inode number: a copy of the team has
-    other numbers and times and the same bytes, and is the same log."""
+    checked. The birth is compared only at the same inode number: a copy of the team has other
+    numbers and births and the same bytes, and is the same log; so is a file of overlayfs's lower
+    layer copied up (the same number, another birth: see `on_overlayfs`)."""
     head, tail = read_marks(fd, cursor.offset)
     differ = "is not the file the cursor was written for"
     if cursor.tail is not None and f"{tail:08x}" != cursor.tail:
@@ -116,9 +116,16 @@ def not_the_file(cursor: Cursor, fd: int) -> str | None:
         )
     if cursor.head is not None and f"{head:08x}" != cursor.head:
         return f"{differ}: its first bytes differ (the log was replaced or rewritten)"
-    if cursor.born:
-        _, ino, _, born = identify(fd)
-        if ino == cursor.ino and born and born != cursor.born:
+    if cursor.ino:
+        _, ino, _, born, generation = identify(fd)
+        if (
+            ino == cursor.ino
+            and (
+                (born and cursor.born and born != cursor.born)  # 0: not known
+                or (generation and cursor.igen and generation != cursor.igen)
+            )
+            and not on_overlayfs(fd)
+        ):
             return (
                 f"{differ}: it was created again (a new file got the old one's inode number, "
                 "but it was created later)"
@@ -142,6 +149,7 @@ class FileReader(InboxReader):
         self.dev = 0
         self.busy = False  # a commit in a worker thread uses the descriptors: never parked then
         self.born = 0  # its birth time (identity.py), 0 where the file system keeps none
+        self.generation = 0  # its inode generation (identity.py), 0 where none is known
         self._parked_marks = (0, 0)  # while parked: CRCs of the bytes before the position
         self._head = (-1, "")  # (segment, the cursor's CRC of its first CHECK bytes), once known
         self._sealed = False  # its segment was opened by its rotated name: nothing is added
@@ -251,7 +259,7 @@ class FileReader(InboxReader):
             os.close(self.fd)
         was_open = self.fd >= 0
         self.fd, self.segment = fd, index
-        self.dev, self.ino, _, self.born = identify(fd)
+        self.dev, self.ino, _, self.born, self.generation = identify(fd)
         self._sealed = path == rotated and not self._active()
         self.decoder = LineSplitter(max_line=self.store.max_line, segment=index)
         self.caught_up = False
@@ -291,7 +299,7 @@ class FileReader(InboxReader):
                 fd = open_file(path, O_READ)
             except FileNotFoundError:
                 continue
-            dev, ino, size, born = identify(fd)
+            dev, ino, size, born, generation = identify(fd)
             if ino == self.ino and dev == self.dev:
                 found = fd
                 break
@@ -299,17 +307,23 @@ class FileReader(InboxReader):
         if found < 0:
             raise self._corrupt(self.paths.log, "was deleted or replaced while it was read")
         try:
-            self._check_reopened(found, size, born, offset)
+            self._check_reopened(found, size, (born, generation), offset)
         except BaseException:
             os.close(found)
             raise
         self.fd, self._parked = found, False
+        self.born, self.generation = born, generation  # another file if it was copied up
         BUDGET.opened(self, 2)
 
-    def _check_reopened(self, fd: int, size: int, born: int, offset: int) -> None:
+    def _check_reopened(self, fd: int, size: int, birth: tuple[int, int], offset: int) -> None:
         """Refuse the file reopened by name unless it is the one this reader parked on (its
-        inode number may have gone to a new file: see identity.py)."""
-        if born and self.born and born != self.born:  # 0: not known (see identify)
+        inode number may have gone to a new file: see identity.py). `birth`: its birth time
+        and inode generation."""
+        born, generation = birth
+        if (
+            (born and self.born and born != self.born)  # 0: not known (see identify)
+            or (generation and self.generation and generation != self.generation)
+        ) and not on_overlayfs(fd):  # there, a copy-up: the size and the bytes decide
             raise self._corrupt(
                 self.paths.log,
                 "was deleted and created again while it was read (the new file got the old "
@@ -502,10 +516,7 @@ class FileReader(InboxReader):
             self._head = (segment, head) if offset >= CHECK else (-1, "")
         return Cursor(
             *(segment, offset, cursor.seq, cursor.acked, cursor.recent, cursor.ahead),
-            tail_crc(fd, offset),
-            head,
-            self.ino,
-            self.born,
+            *(tail_crc(fd, offset), head, self.ino, self.born, self.generation),
         )
 
     async def changed_elsewhere(self) -> bool:

@@ -25,7 +25,14 @@ import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskStatus
 
-from teamrt.errors import MemberBusy, StoreCorrupt, StoreError, UnknownRecipient, UsageError
+from teamrt.errors import (
+    MemberBusy,
+    StoreCorrupt,
+    StoreError,
+    TeamKeyMismatch,
+    UnknownRecipient,
+    UsageError,
+)
 from teamrt.mail import inotify
 from teamrt.mail.filestore.appender import Appender
 from teamrt.mail.filestore.blobs import BLOBS, read_blob, write_blob
@@ -59,6 +66,7 @@ from teamrt.mail.store import (
     TeamView,
 )
 from teamrt.names import validate_name
+from teamrt.private_files import make_dirs
 
 ROSTER_FORMAT = 1
 DEFAULT_SEGMENT_BYTES = 64 << 20
@@ -246,7 +254,7 @@ class FileStore(Store):
             if not os.path.lexists(self.roster_path):  # noqa: ASYNC240 -- one stat, cold path
                 if not self.create:
                     raise StoreError(errno.ENOENT, f"no team directory at {self.path}")
-                self.path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+                make_dirs(self.path.parent)  # 0700 each, whatever the umask
                 self._mkdir(self.path)
             self.check_directories()
             self._mkdir(self.inboxes)
@@ -325,6 +333,30 @@ class FileStore(Store):
         data["members"] = []
         return data
 
+    def _check_not_renamed(self, roster: dict[str, Any], signing: str) -> None:
+        """A team directory renamed under its team (`mv t u`): every envelope in it names the
+        team it was created as, so its owners would quarantine all of them as `wrong team`, and
+        a signed team's fingerprint and signatures cover that name, so no key opens it under
+        this one. Say so, rather than that the key is another or nothing at all."""
+        created_as = roster.get("team")
+        if not isinstance(created_as, str) or created_as == self.team:
+            return
+        moved = (
+            f"team directory {self.path} holds team {created_as!r} (team.json), renamed to "
+            f"{self.team!r}: a team directory's name is its team"
+        )
+        back = f"Move it back to {self.path.parent / created_as}"
+        if self.signing and self.signing != signing:
+            raise TeamKeyMismatch(
+                f"{moved}, and a signed team's key fingerprint and signatures cover that name, so "
+                f"no key opens it under this one. {back}"
+            )
+        raise UsageError(
+            f"{moved}, and every envelope in it names {created_as!r}, so its owners would "
+            f"quarantine them all as 'wrong team'. {back}, or copy it under the new name with "
+            f"`teamrt export {self.path.parent / created_as} NEW_DIR`"
+        )
+
     def _update_roster_locked(self, add: Sequence[str], signing: str | None) -> None:
         """Add members under the roster lock (a cold path: a blocking flock is fine), after
         checking the opener's key against the team's (`signing`, see `Store.open`)."""
@@ -339,6 +371,7 @@ class FileStore(Store):
             if not data:
                 data = self._new_roster(signing)
             elif signing is not None:
+                self._check_not_renamed(data, signing)
                 check_key(self.team, self.signing, signing)
             members = list(self._roster)
             new = [m for m in dict.fromkeys(add) if m not in members]
