@@ -748,15 +748,7 @@ def decode_fields(line: bytes) -> EnvelopeFields | str:
         if decoded is not None:
             if isinstance(decoded, str):
                 return decoded
-            # `repeats_a_key`'s first test, inlined (a call costs a quarter of it): most lines
-            # hold only the colons of their fields and of a flat body's members
-            colons = line.count(b":")
-            body = decoded.body
-            if colons == _FIELD_COLONS or (
-                type(body) is dict and colons == _FIELD_COLONS + len(body)
-            ):
-                return decoded
-            return REPEATED_KEY if repeats_a_key(line, body) else decoded
+            return REPEATED_KEY if repeats_a_key(line, decoded.body) else decoded
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
