@@ -38,4 +38,4 @@ def examples(thorough: int) -> int:
     """The max_examples of a test that wants `thorough` examples under the thorough profile:
     scaled by the loaded profile (a fifth of it under `fast`). Read when the test module is
     imported, which is after pytest loaded the profile."""
-    return max(1, thorough * settings.default.max_examples // _THOROUGH_EXAMPLES)
+    return max(1, thorough * settings().max_examples // _THOROUGH_EXAMPLES)
