@@ -1,10 +1,15 @@
 # Two commands for a new machine: `make demo` and `make test`. Both create .venv when missing.
+# make test       lint, types and the quick suite: two workers (pytest-xdist), Hypothesis's fast
+#                 profile, no test marked stress; a few minutes on two cores, green on a loaded machine
+# make test-slow  the tests marked stress (benchmarks, long stress runs): pytest --stress -m stress
+# make test-all   both, the quick suite with the thorough Hypothesis profile (what CI runs)
+# WORKERS=auto uses every core. One file: .venv/bin/pytest tests/test_log.py (one process)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test lint typecheck pytest bench dist clean
+.PHONY: demo test test-slow test-all lint typecheck pytest bench dist clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +30,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+WORKERS ?= 2
 pytest: $(STAMP)
-	$(BIN)/pytest --cov=teamrt --cov-report=term-missing:skip-covered
+	$(BIN)/pytest -n $(WORKERS) --dist worksteal --cov=teamrt --cov-report=term-missing:skip-covered
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -n $(WORKERS) --dist worksteal --stress -m stress
+
+test-all:
+	HYPOTHESIS_PROFILE=thorough $(MAKE) test
+	$(MAKE) test-slow
 
 bench: $(STAMP)
 	$(BIN)/teamrt bench

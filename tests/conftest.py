@@ -25,14 +25,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: A stress test's timeout unless it sets its own: benchmarks run for their rounds whatever the
+#: load, so the per-test 60 s (there to catch a hang) would fail them on a busy machine.
+STRESS_TIMEOUT = 600
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked stress run only with --stress: the quick suite (`make test`) leaves them out."""
-    if config.getoption("--stress"):
-        return
+    run = config.getoption("--stress")
     skip = pytest.mark.skip(reason="a stress test (a benchmark or a long run): run with --stress")
     for item in items:
-        if item.get_closest_marker("stress") is not None:
+        if item.get_closest_marker("stress") is None:
+            continue
+        if not run:
             item.add_marker(skip)
+        elif item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(STRESS_TIMEOUT))
 
 
 @pytest.fixture

@@ -157,6 +157,7 @@ def test_demo_runs_two_processes(tmp_path: Path) -> None:
     assert all(inbox["lag"] == 0 and not inbox["pending_requests"] for inbox in report["inboxes"])
 
 
+@pytest.mark.stress
 def test_bench_smoke_emits_every_figure(tmp_path: Path) -> None:
     result = teamrt("bench", "--smoke", "--json", "--dir", str(tmp_path))
     assert result.returncode == 0, result.stderr

@@ -206,7 +206,8 @@ def test_replay_follow_on_a_redis_team_prints_what_arrives(redis_server: RedisSe
             follower.stdout.close()
 
 
-@pytest.mark.parametrize("name", ["conductor", "service"])
+# the conductor runs a pytest process per check: its demo on files is in the quick suite
+@pytest.mark.parametrize("name", [pytest.param("conductor", marks=pytest.mark.stress), "service"])
 def test_the_conductor_and_service_demos_on_redis(
     redis_server: RedisServer, tmp_path: Path, name: str
 ) -> None:
