@@ -2,7 +2,7 @@
 # make test       lint, types and the quick suite: two workers (pytest-xdist), Hypothesis's fast
 #                 profile, no test marked stress; a few minutes on two cores, green on a loaded machine
 # make test-slow  the tests marked stress (benchmarks, long stress runs): pytest --stress -m stress
-# make test-all   both, the quick suite with the thorough Hypothesis profile (what CI runs)
+# make test-all   both, the quick suite with the thorough Hypothesis profile and coverage (CI runs it)
 # WORKERS=auto uses every core. One file: .venv/bin/pytest tests/test_log.py (one process)
 PYTHON ?= python3
 VENV ?= .venv
@@ -31,14 +31,15 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 WORKERS ?= 2
+COVERAGE ?=
 pytest: $(STAMP)
-	$(BIN)/pytest -n $(WORKERS) --dist worksteal --cov=teamrt --cov-report=term-missing:skip-covered
+	$(BIN)/pytest -n $(WORKERS) --dist worksteal $(COVERAGE)
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -n $(WORKERS) --dist worksteal --stress -m stress
 
 test-all:
-	HYPOTHESIS_PROFILE=thorough $(MAKE) test
+	HYPOTHESIS_PROFILE=thorough $(MAKE) test COVERAGE='--cov=teamrt --cov-report=term-missing:skip-covered'
 	$(MAKE) test-slow
 
 bench: $(STAMP)
