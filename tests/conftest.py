@@ -6,9 +6,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import settings
 
 from teamrt import telemetry
 from teamrt.models import set_model_requests_allowed
+from tests import hypothesis_profiles
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -18,14 +20,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--stress",
         action="store_true",
-        help="run the process and crash tests at their larger sizes",
+        help="run the tests marked stress (benchmarks, long stress runs) and the process and "
+        "crash tests at their larger sizes (make test-slow, make test-all)",
     )
+
+
+#: A stress test's timeout unless it sets its own: benchmarks run for their rounds whatever the
+#: load, so the per-test 60 s (there to catch a hang) would fail them on a busy machine.
+STRESS_TIMEOUT = 600
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked stress run only with --stress: the quick suite (`make test`) leaves them out."""
+    run = config.getoption("--stress")
+    skip = pytest.mark.skip(reason="a stress test (a benchmark or a long run): run with --stress")
+    for item in items:
+        if item.get_closest_marker("stress") is None:
+            continue
+        if not run:
+            item.add_marker(skip)
+        elif item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(STRESS_TIMEOUT))
 
 
 @pytest.fixture
 def stress(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--stress"))
 
+
+# `fast` unless asked (tests/hypothesis_profiles.py); --hypothesis-profile overrides this later
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", hypothesis_profiles.FAST))
 
 # No test may call a real model by accident: adapters refuse unless a test allows it explicitly
 # (the OpenAI adapter's tests do, against a server they start on 127.0.0.1).

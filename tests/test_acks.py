@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from teamrt import Envelope, FileMailboxes
 from teamrt.mail.filestore import read_cursor
 from teamrt.mail.log import AckTracker, Cursor
+from tests.hypothesis_profiles import examples
 
 MEMBERS = ("lead", "worker")
 
@@ -57,7 +58,7 @@ def _restart_delivers(tracker: AckTracker, ids: list[str]) -> list[str]:
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(st.data())
 def test_any_ack_order_redelivers_exactly_the_unacked(data: st.DataObject) -> None:
     n = data.draw(st.integers(1, 60))

@@ -36,6 +36,7 @@ def bench(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[st
 # --- rounds, ranges, CPU time and the machine --------------------------------------------
 
 
+@pytest.mark.stress
 @pytest.mark.timeout(240)
 def test_each_figure_has_its_rounds_range_and_cpu_time(tmp_path: Path) -> None:
     result = bench("--only", "sends", "--rounds", "3", "--json", "--dir", str(tmp_path))
@@ -62,6 +63,7 @@ def test_each_figure_has_its_rounds_range_and_cpu_time(tmp_path: Path) -> None:
     assert not figures["awaited sends, durability fsync"]["cpu"]  # it waits on the disk
 
 
+@pytest.mark.stress
 @pytest.mark.timeout(240)
 def test_the_largest_team_is_started_once_and_judged_like_the_others(tmp_path: Path) -> None:
     """The run's largest team (10,000 in a real run, 40 in a smoke run) starts once: its idle
@@ -298,6 +300,7 @@ async def test_a_raw_mailbox_reads_a_line_written_in_pieces(tmp_path: Path) -> N
         b.close()
 
 
+@pytest.mark.stress
 @pytest.mark.timeout(240)
 def test_the_round_trip_is_judged_against_the_inotify_floor(tmp_path: Path) -> None:
     result = bench("--only", "round_trips", "--json", "--dir", str(tmp_path))

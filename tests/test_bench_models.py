@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from teamrt.cli.bench import Bench, Sizes
 from teamrt.cli.bench_models import model_figures
+
+pytestmark = pytest.mark.stress  # a benchmark
 
 
 async def test_model_figures_measure_the_adapter_beside_the_bare_client(tmp_path: Path) -> None:

@@ -210,8 +210,11 @@ async def test_an_answer_over_max_blob_is_an_error_and_the_teammate_serves_on(
             assert "6.0 MiB, over max_blob=4.0 MiB" in refused.value.remote_message
             result = await team.ask("w", "the small one", timeout=30)
             assert result.answer == payload(10, "small")
-            status = team.status["w"]
-            assert status.restarts == 0 and status.state == "idle"
+            # the teammate sends its answer, then marks itself idle: the ask may return between
+            with anyio.fail_after(30):
+                while team.status["w"].state != "idle":  # noqa: ASYNC110 -- the runner decides
+                    await anyio.sleep(0.01)
+            assert team.status["w"].restarts == 0
 
 
 async def test_an_answer_over_the_default_max_blob_is_an_error(tmp_path: Path) -> None:
@@ -247,6 +250,9 @@ def _sized(size: int) -> str:
     return "".join(chr(ord("a") + i % 26) for i in range(26)) * (size // 26) + "z" * (size % 26)
 
 
+# 65 MiB answers cost the child seconds of CPU in its event loop, which on a loaded machine can
+# outlast its lease's 5 s without a heartbeat: a long run, not the quick suite's
+@pytest.mark.stress
 async def test_a_teammate_in_another_process_answers_large_and_too_large(tmp_path: Path) -> None:
     team_dir = tmp_path / "t"
     async with FileMailboxes(team_dir, members=["lead", "w"]) as mail:

@@ -17,7 +17,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -37,6 +37,7 @@ from teamrt.envelopes import (
 from teamrt.errors import InvalidEnvelope
 from teamrt.mail.log import decode_line, stamp
 from teamrt.team import protocol  # registers the protocol's payload models
+from tests.hypothesis_profiles import examples
 
 SAMPLES = Path(__file__).resolve().parent.parent / "mailboxes" / "samples"
 
@@ -171,7 +172,7 @@ def built(draw: st.DrawFn) -> Envelope:
 # --- encoding ---------------------------------------------------------------------------------
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400))
 @given(envelopes() | built())
 def test_encode_is_byte_identical_to_pydantic(envelope: Envelope) -> None:
     assert_encodes_alike(envelope)
@@ -373,7 +374,7 @@ def assert_refuses_alike(envelope: Envelope) -> None:
     assert encode(envelope, finite=True) == expected
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400))
 @given(FLAT_BODIES, st.sampled_from(["message", "request", "broadcast"]))
 def test_flat_and_nested_bodies_encode_and_refuse_alike(body: Any, kind: str) -> None:
     made: Envelope
@@ -508,7 +509,7 @@ def assert_decodes_alike(line: bytes) -> EnvelopeFields | str:
     return got
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300))
 @given(envelopes() | built(), INTS, NAMES)
 def test_decode_fields_agrees_on_valid_lines(envelope: Envelope, seq: int, team: str) -> None:
     assert_decodes_alike(_line(envelope, seq, team))
@@ -526,7 +527,7 @@ def _no_pydantic(line: bytes) -> EnvelopeFields | str:
     raise AssertionError(f"took the pydantic path: {line!r}")
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200))
 @given(envelopes(), PLAIN_JSON, PLAIN_INTS, NAMES)
 def test_lines_teamrt_writes_take_the_fast_path(
     envelope: Envelope, body: Any, seq: int, team: str
@@ -641,7 +642,7 @@ def mutated_lines(draw: st.DrawFn) -> bytes:
     return line
 
 
-@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600))
 @given(mutated_lines())
 def test_decode_fields_agrees_on_mutated_lines(line: bytes) -> None:
     assert_decodes_alike(line)

@@ -344,6 +344,7 @@ def test_a_team_larger_than_the_descriptor_limit_runs_in_one_process(tmp_path: P
     assert words[5] == "True"
 
 
+@pytest.mark.stress
 def test_the_store_tests_pass_with_every_descriptor_given_back_at_once() -> None:
     """Rotation, acks, the round-trip path and the rescan's tests, in a process whose budget is
     two descriptors: every reader parks and every appender is dropped as soon as another opens,

@@ -28,6 +28,7 @@ from teamrt import (
 from teamrt.envelopes import ENVELOPE_ADAPTER, _build
 from teamrt.errors import InvalidEnvelope
 from teamrt.names import validate_name
+from tests.hypothesis_profiles import examples
 
 
 @payload("test_task")
@@ -248,7 +249,7 @@ def _outcome(make: Any) -> Any:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300))
 @given(_names, _names, _bodies, _types, _traces, _timeouts)
 def test_constructors_build_what_validation_builds(
     sender: Any, recipient: Any, body: Any, type_: Any, trace: Any, timeout: Any

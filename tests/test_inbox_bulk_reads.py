@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from teamrt.cli.replay import run_replay
@@ -30,6 +30,7 @@ from teamrt.mail.memory import MemoryStore
 from teamrt.replay import Event, Filter, Summary, timeline
 from teamrt.replay.timeline import _event, _event_checked
 from teamrt.testing.conformance import StoreHarness
+from tests.hypothesis_profiles import examples
 from tests.redis_server import REDIS_SERVER, RedisServer, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
@@ -540,7 +541,7 @@ def token_lines(draw: st.DrawFn) -> bytes:
     return draw(st.sampled_from([b"", b" ", b"\xef\xbb\xbf"])) + line
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300))
 @given(token_lines())
 def test_token_lines_decode_alike_on_every_path(line: bytes) -> None:
     expected = decode_line(line)

@@ -23,6 +23,7 @@ from teamrt.mail.log import (
     stamp,
     stamp_many,
 )
+from tests.hypothesis_profiles import examples
 
 TEAM = b"team"
 
@@ -73,7 +74,7 @@ def test_any_split_decodes_the_same(cuts: list[int]) -> None:
     assert decoder.position == len(STREAM) - 30
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=2000), st.integers(min_value=1, max_value=64))
 def test_random_bytes_never_raise(data: bytes, max_line: int) -> None:
     decoder = LineDecoder(max_line=max_line)
@@ -187,7 +188,7 @@ _lines = st.lists(
 )
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(_lines, st.integers(min_value=0, max_value=3))
 def test_a_line_at_a_time_frames_as_the_whole_stream_does(lines: list[bytes], held: int) -> None:
     """Feeding one whole line per call (the wake-up's fast path) frames exactly what feeding

@@ -13,6 +13,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import teamrt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +117,7 @@ def test_the_console_script_is_declared_and_answers() -> None:
     assert result.stdout.strip() == f"teamrt {teamrt.__version__}"
 
 
+@pytest.mark.stress
 def test_bench_measures_startup_beside_a_bare_interpreter(tmp_path: Path) -> None:
     result = subprocess.run(
         [

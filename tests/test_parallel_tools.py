@@ -128,6 +128,7 @@ async def test_keep_context_carries_the_conversation_and_counts_per_task() -> No
     assert fresh.state is not None and [m.content for m in fresh.state.messages] == ["two", "b"]
 
 
+@pytest.mark.stress
 def test_bench_team_figures(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "teamrt", "bench", "--only", "teamwork", "--smoke", "--json"],

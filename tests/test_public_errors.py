@@ -19,6 +19,7 @@ from teamrt.conductor.plan import Plan, PlanError
 from teamrt.envelopes import Envelope, Message
 from teamrt.errors import PartialBroadcast, PeerError, TeamrtError
 from teamrt.team.team import Team
+from tests.hypothesis_profiles import examples
 
 _garbage = st.one_of(
     st.none(),
@@ -39,7 +40,7 @@ def _only_ours(call: Any) -> None:
         call()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), suppress_health_check=list(HealthCheck))
 @given(
     sender=_garbage | st.just("lead"),
     recipient=_garbage | st.just("worker"),

@@ -144,12 +144,8 @@ def test_the_slot_map_and_redirections_are_read_from_the_replies() -> None:
     assert cluster.team_slot("{fo}") == cluster.team_slot("teamrt:{fo}:inbox:worker")
 
 
-@pytest.mark.stress
-def test_the_teams_master_killed_its_replica_takes_over(
-    request: pytest.FixtureRequest, stress: bool
-) -> None:
-    if not stress:
-        pytest.skip("waits for the cluster to elect a new master (seconds): run with --stress")
+@pytest.mark.stress  # waits for the cluster to elect a new master (seconds)
+def test_the_teams_master_killed_its_replica_takes_over(request: pytest.FixtureRequest) -> None:
     redis_cluster: RedisCluster = request.getfixturevalue("redis_cluster")
     owner = redis_cluster.owner("kill")
     replica = redis_cluster.add_replica(owner)

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from teamrt import Envelope, FileMailboxes
 from teamrt.cli.replay import parse_time, run_replay
 from teamrt.mail.log import encode, stamp
 from teamrt.replay import Event, Filter, Summary, timeline
 from teamrt.replay.timeline import _event, _event_checked
+from tests.hypothesis_profiles import examples
 from tests.test_codec import mutated_lines
 
 SAMPLE = Path(__file__).parent.parent / "mailboxes" / "samples" / "research-writer"
@@ -339,7 +340,7 @@ def test_a_bad_time_or_roster_is_a_teamrt_error(tmp_path: Path) -> None:
         inspect_team(tmp_path / "t")
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400))
 @given(mutated_lines())
 def test_a_line_becomes_the_same_event_on_the_typed_path_as_on_the_checked_one(
     line: bytes,

@@ -261,6 +261,7 @@ def _big_team(team_dir: Path, n: int) -> None:
             f.write(line.replace(b'"id":"', b'"id":"%08d' % i, 1))
 
 
+@pytest.mark.stress
 def test_the_page_stays_bounded_at_100000_envelopes(tmp_path: Path) -> None:
     sizes = []
     for n in (30_000, 100_000):

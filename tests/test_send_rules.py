@@ -20,6 +20,7 @@ from teamrt.mail.filestore.store import FileStore
 from teamrt.mail.log import decode_line, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.memory import MemoryStore
+from tests.hypothesis_profiles import examples
 from tests.redis_server import RedisServer, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
@@ -95,8 +96,7 @@ _bodies = (
 
 
 @settings(
-    max_examples=200,
-    deadline=None,
+    max_examples=examples(200),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(st.lists(_bodies, min_size=1, max_size=5))
