@@ -36,10 +36,18 @@ class TestRedisStore(MailboxConformance):
         def expire_lease(name: str) -> None:
             client.delete(keys.lease(name))  # as if its holder had stopped renewing it
 
-        def make_store() -> RedisStore:
-            return RedisStore(url, max_envelope=64 << 10, socket_timeout=0.5, connect_timeout=0.5)
+        def make_store(timeout: float = 10.0) -> RedisStore:
+            # 10 s: a call that takes longer is a hung server, not a loaded machine
+            return RedisStore(
+                url, max_envelope=64 << 10, socket_timeout=timeout, connect_timeout=timeout
+            )
+
+        def make_outage_store() -> RedisStore:
+            return make_store(0.5)
 
         try:
-            yield StoreHarness(make_store, write_raw, expire_lease, shared_redis.outage)
+            yield StoreHarness(
+                make_store, write_raw, expire_lease, shared_redis.outage, make_outage_store
+            )
         finally:
             client.close()

@@ -74,7 +74,7 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreHar
         def no_raw(name: str, data: bytes) -> None:  # pragma: no cover - file/memory only
             raise NotImplementedError
 
-        yield StoreHarness(lambda: RedisStore(url, socket_timeout=0.5, connect_timeout=0.5), no_raw)
+        yield StoreHarness(lambda: RedisStore(url, socket_timeout=10, connect_timeout=10), no_raw)
 
 
 @pytest.fixture(params=["file", "memory"])
