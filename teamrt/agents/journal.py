@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import TypeAdapter
 
 from teamrt.agents.state import AgentState, OpenStep, Stop
@@ -62,6 +63,20 @@ _SCALARS = {
 
 
 def _encode(record: dict[str, Any]) -> bytes:
+    """One journal line. orjson, because a journal line holds whole conversations: a teammate
+    that journals a 65 MiB answer spends seconds in the stdlib encoder, in its event loop,
+    where its lease's heartbeat waits. What orjson does not take (an int beyond 64 bits, a
+    lone surrogate) goes through `_encode_plainly`, which raises for what cannot be written."""
+    try:
+        return orjson.dumps(record, option=_ORJSON_OPTIONS)
+    except orjson.JSONEncodeError:
+        return _encode_plainly(record)
+
+
+_ORJSON_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
+
+
+def _encode_plainly(record: dict[str, Any]) -> bytes:
     return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
