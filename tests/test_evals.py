@@ -10,6 +10,8 @@ from typing import Any
 import anyio
 import pytest
 
+from teamrt import FileMailboxes
+from teamrt.agents import Limits
 from teamrt.cli.main import main
 from teamrt.errors import UsageError
 from teamrt.evals import (
@@ -28,8 +30,9 @@ from teamrt.evals import (
     write_html,
 )
 from teamrt.evals.checks import parse_verdict
+from teamrt.evals.compare import format_comparison
 from teamrt.models import FunctionModel, ScriptedModel, call
-from teamrt.team import Teammate
+from teamrt.team import Team, Teammate
 from tests import eval_targets
 
 CASES = [
@@ -535,3 +538,207 @@ def test_the_docs_cases_are_accepted_and_their_command_check_works(tmp_path: Pat
 def _write_text(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+# --- what users and models may well give ---
+
+
+def test_cases_from_a_run_of_a_member_with_a_long_name(tmp_path: Path) -> None:
+    """A member's name may be 64 characters, as long as a case id may be: the derived ids are
+    shortened to fit, and stay unique, instead of failing validation."""
+    long, longer = "w" * 64, "w" * 63 + "x"
+
+    async def run() -> None:
+        teammates = [Teammate(name, lambda: ScriptedModel(["done"] * 5)) for name in (long, longer)]
+        async with (
+            FileMailboxes(tmp_path / "team") as mail,
+            Team(mail, teammates, agent_dir=tmp_path / "team" / "agents") as team,
+        ):
+            for name in (long, longer, long):
+                await team.ask(name, "do it", timeout=10)
+
+    anyio.run(run)
+    found = cases_from_run(tmp_path / "team")
+    ids = [case.id for case in found.cases]
+    assert len(ids) == len(set(ids)) == 3
+    assert all(len(i) <= 64 for i in ids)
+    assert [case.member for case in found.cases] == [long, longer, long]
+
+
+async def test_an_error_of_several_lines_is_one_line_in_the_text_reports() -> None:
+    """A target's error keeps its text in the report, but the text report and the comparison
+    give each case's error one line, so that the next case's line is not taken for part of it."""
+
+    async def fails(text: str) -> str:
+        raise RuntimeError("kaboom\n  at line 2\nand more")
+
+    case = Case.model_validate(
+        {"id": "c", "input": "q", "checks": [{"kind": "contains", "text": "x"}]}
+    )
+    report = await run_eval([case], FunctionTarget(fails, "fails"))
+    assert report.cases[0].error is not None and "\n" in report.cases[0].error
+    text = format_text(report)
+    assert "         error: RuntimeError: kaboom at line 2 and more" in text.splitlines()
+    comparison = format_comparison(compare(report, report))
+    assert comparison.splitlines()[-1].endswith("RuntimeError: kaboom at line 2 and more")
+
+
+async def test_runs_replaces_a_team_directory_of_an_earlier_eval_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """`--runs DIR` replaces `DIR/<case id>` when it holds a case's team from an earlier eval;
+    a directory or file of the user's that has a case's name (`--runs .` and a case named like
+    a source folder) is left alone, and the eval stops saying why."""
+    runs = tmp_path / "runs"
+    (runs / "a").mkdir(parents=True)
+    (runs / "a" / "precious.txt").write_text("keep me")
+    (runs / "b").write_text("a file of mine")
+    a, b, c = (
+        Case.model_validate(
+            {"id": name, "input": "q", "checks": [{"kind": "contains", "text": "x"}]}
+        )
+        for name in ("a", "b", "c")
+    )
+    target = make_target(Teammate("w", lambda: ScriptedModel(["x"] * 5)), "team", runs=runs)
+    for case in (a, b):
+        with pytest.raises(UsageError, match=r"runs/[ab] is there and is not a team directory"):
+            await run_eval([case], target)
+    assert (runs / "a" / "precious.txt").read_text() == "keep me"
+    assert (runs / "b").read_text() == "a file of mine"
+
+    # the team of an earlier eval is replaced
+    for _ in range(2):
+        report = await run_eval([c], target)
+        assert report.cases[0].passed and (runs / "c" / "team.json").is_file()
+
+
+async def test_a_command_check_of_an_answer_holding_a_nul_character() -> None:
+    """A NUL cannot be in an environment variable: the answer (and the input) holding one are
+    still on standard input, and the variable is empty, as for one too long for it; the eval
+    does not stop on a ValueError."""
+    case = Case.model_validate(
+        {
+            "id": "nul",
+            "input": "in\x00put",
+            "checks": [
+                {"kind": "command", "run": 'test "$(wc -c)" -eq 7'},  # an, NUL, swer
+                {"kind": "command", "run": 'test -z "$TEAMRT_ANSWER$TEAMRT_INPUT"'},
+                {"kind": "command", "run": "true\x00"},  # a command no shell can be given
+            ],
+        }
+    )  # fmt: skip
+    report = await run_eval([case], FunctionTarget(lambda text: "an\x00swer", "nul"))
+    assert report.cases[0].error is None
+    first, second, third = report.cases[0].checks
+    assert (first.passed, second.passed, third.passed) == (True, True, False)
+    assert third.detail == "could not start: embedded null byte"
+
+
+def test_a_task_that_stopped_without_an_answer_makes_no_case(tmp_path: Path) -> None:
+    """A task that stopped at a limit sends its partial work as `answer`: checks derived from
+    it would hold the next run to the failure, so it makes no case and is listed with why."""
+
+    async def run() -> None:
+        teammates = [
+            Teammate("fine", lambda: ScriptedModel(["the answer"])),
+            Teammate(
+                "loopy", lambda: ScriptedModel([call("nothing")] * 5), limits=Limits(max_steps=2)
+            ),
+        ]
+        async with (
+            FileMailboxes(tmp_path / "team") as mail,
+            Team(mail, teammates, agent_dir=tmp_path / "team" / "agents") as team,
+        ):
+            assert (await team.ask("loopy", "go round", timeout=10)).stop_reason == "limit"
+            await team.ask("fine", "answer", timeout=10)
+
+    anyio.run(run)
+    found = cases_from_run(tmp_path / "team")
+    assert [case.id for case in found.cases] == ["fine-1"]
+    (skipped,) = found.skipped
+    assert skipped.endswith("to loopy: stopped (limit) without an answer")
+
+
+def test_cases_without_ids_in_a_directory_get_ids_of_their_own(tmp_path: Path) -> None:
+    """In a directory, two `.jsonl` files' cases without an id are not both `line-1`, and a
+    file whose name is no valid id (`capitals.v2.json`) still names its case."""
+    case = '{"input": "q", "checks": [{"kind": "contains", "text": "x"}]}'
+    (tmp_path / "maths.jsonl").write_text(case + "\n" + case + "\n")
+    (tmp_path / "capitals.jsonl").write_text(case + "\n")
+    (tmp_path / "capitals.v2.json").write_text(case)
+    (tmp_path / "héllo wörld.json").write_text(f"[{case}]")
+    ids = [c.id for c in load_cases(tmp_path)]
+    assert ids == [
+        "capitals-line-1",
+        "capitals_v2",
+        "h_llo_w_rld-1",
+        "maths-line-1",
+        "maths-line-2",
+    ]
+    # a file alone keeps the README's line-<n>
+    assert [c.id for c in load_cases(tmp_path / "maths.jsonl")] == ["line-1", "line-2"]
+
+
+def test_a_cases_file_saved_with_a_byte_order_mark_and_crlf(tmp_path: Path) -> None:
+    """An editor on Windows saves UTF-8 with a byte order mark and CRLF line ends: the cases
+    are read all the same, in a JSONL file and in a directory's JSON file."""
+    case = '{"id": "%s", "input": "q", "checks": [{"kind": "contains", "text": "x"}]}'
+    (tmp_path / "cases.jsonl").write_bytes(
+        b"\xef\xbb\xbf" + (case % "a").encode() + b"\r\n" + (case % "b").encode() + b"\r\n"
+    )
+    assert [c.id for c in load_cases(tmp_path / "cases.jsonl")] == ["a", "b"]
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "one.json").write_bytes(b"\xef\xbb\xbf" + (case % "c").encode())
+    assert [c.id for c in load_cases(tmp_path / "dir")] == ["c"]
+
+
+async def test_a_judge_s_reason_of_several_lines_is_one_line_in_the_text_reports() -> None:
+    case = Case.model_validate(
+        {"id": "c", "input": "q", "checks": [{"kind": "judge", "rubric": "Be right."}]}
+    )
+    judge = ScriptedModel(['{"verdict": "fail", "reason": "wrong:\\n- this\\n- that"}'])
+    report = await run_eval([case], FunctionTarget(lambda text: "an answer", "f"), judge=judge)
+    assert report.cases[0].checks[0].detail == "wrong:\n- this\n- that"
+    assert "         x judge: Be right.: wrong: - this - that" in format_text(report).splitlines()
+    comparison = format_comparison(compare(report, report))
+    assert comparison.splitlines()[-1].endswith("wrong: - this - that")
+
+
+async def test_a_judge_whose_model_raises_fails_its_check_and_the_eval_goes_on() -> None:
+    """A judge of the user's own (`--judge module:object`) that raises is a model error: its
+    check fails saying so, the other checks and cases run, and the eval ends with a report."""
+
+    def broken(messages: object, tools: object) -> str:
+        raise RuntimeError("judge down")
+
+    case = Case.model_validate(
+        {
+            "id": "c",
+            "input": "q",
+            "checks": [{"kind": "judge", "rubric": "r"}, {"kind": "contains", "text": "an"}],
+        }
+    )
+    report = await run_eval(
+        [case], FunctionTarget(lambda text: "an answer", "f"), judge=FunctionModel(broken)
+    )
+    judged, contains = report.cases[0].checks
+    assert (judged.passed, judged.detail) == (False, "the judge failed: RuntimeError: judge down")
+    assert contains.passed and report.cases[0].score == 0.5
+
+
+@pytest.mark.parametrize(
+    "ref", ["http://127.0.0.1:9/elsewhere.json", "#/$defs/missing", "other.json#/a"]
+)
+async def test_a_schema_whose_ref_cannot_be_resolved_fails_its_check(ref: str) -> None:
+    """A `$ref` to another document (never fetched) or to a definition that is not there is
+    found only when an answer is checked: the check fails saying so; the eval goes on."""
+    pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"a": {"$ref": ref}}}
+    case = Case.model_validate(
+        {"id": "c", "input": "q", "checks": [{"kind": "json_schema", "schema": schema}]}
+    )
+    report = await run_eval([case], FunctionTarget(lambda text: '{"a": 1}', "f"))
+    (check,) = report.cases[0].checks
+    assert not check.passed
+    assert check.detail.startswith("the schema's $ref cannot be resolved: ")
+    assert ref.split("#")[-1] in check.detail

@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import anyio
 import pytest
 
 from teamrt import FileMailboxes
@@ -342,3 +343,28 @@ async def test_a_fork_that_fails_half_way_leaves_nothing(
     with pytest.raises(StoreError, match="No space left"):
         fork_team(source, _findings_request(source).id, tmp_path / "half")
     assert not (tmp_path / "half").exists()
+
+
+# --- what users and models may well give ---
+
+
+def test_a_fork_with_an_agent_dir_that_is_not_there_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelt `--agent-dir` would fork the team without any journal or transcript, so that
+    every agent starts its task afresh: it is refused, and nothing is written."""
+    monkeypatch.setenv("TEAMRT_DEMO_SCRATCH", str(tmp_path / "scratch"))
+    team_dir = tmp_path / "team"
+
+    async def run() -> None:
+        async with (
+            FileMailboxes(team_dir) as mail,
+            Team(mail, demo.teammates("offline"), agent_dir=team_dir / "agents") as team,
+        ):
+            await team.ask("researcher", demo.TASK, timeout=30)
+
+    anyio.run(run)
+    task = json.loads((team_dir / "inboxes" / "researcher.jsonl").read_text().splitlines()[0])
+    with pytest.raises(UsageError, match=r"no agents' folder at .*agnets"):
+        fork_team(team_dir, task["id"], tmp_path / "fork", agent_dir=tmp_path / "agnets")
+    assert not (tmp_path / "fork").exists()

@@ -454,3 +454,52 @@ def test_the_mcp_sdk_is_imported_only_to_connect_and_its_absence_is_explained() 
         "[]",
         "UsageError MCP server 'files': MCP tools need the mcp package (pip install 'teamrt[mcp]')",
     ]
+
+
+# --- what users and models may well give ---
+
+
+ONE_TOOL_SERVER = """
+import sys
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("one", log_level="WARNING")
+
+
+@server.tool(name=sys.argv[1])
+def the_tool(to: str = "") -> str:
+    return "from the server"
+
+
+server.run()
+"""
+
+
+@pytest.mark.parametrize(
+    ("clash", "where"),
+    [
+        ("send_message", "the team's tools"),
+        ("request", "the team's tools"),
+        ("delegate", "the team's tools"),
+    ],
+)
+async def test_a_server_tool_named_like_a_team_tool_is_a_crash_that_says_which(
+    tmp_path: Path, clash: str, where: str
+) -> None:
+    """A teammate's MCP tool named like one the team gives it (`send_message`, `request`,
+    `delegate`, ...) is refused at the start as one named like a tool of its own is: naming
+    the server, the tool, what it clashes with, and how to keep them apart."""
+    pytest.importorskip("mcp")
+    script = tmp_path / "one_tool.py"
+    script.write_text(ONE_TOOL_SERVER)
+    server = MCPTools.stdio(sys.executable, [str(script), clash], name="one")
+    member = Teammate("calc", ScriptedModel([]), mcp=[server], delegate=clash == "delegate")
+    async with MemoryMailboxes() as mail:
+        with anyio.fail_after(30):
+            async with Team(mail, [member]) as team:
+                assert team.status["calc"].state == "crashed"
+                last = team.status["calc"].last
+    assert last.startswith(
+        f"crashed: UsageError: calc: tool {clash!r} of MCP server 'one' has the name of a tool "
+        f"in {where}; give the server a prefix="
+    )

@@ -6,10 +6,16 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+import anyio
+import pytest
+
+from teamrt import FileMailboxes, MemoryMailboxes
 from teamrt.agents import Agent, tool
 from teamrt.cli.main import main
-from teamrt.models import ScriptedModel, call
+from teamrt.demos import research_writer as demo
+from teamrt.models import FunctionModel, ScriptedModel, call
 from teamrt.rerun import rerun
+from teamrt.team import Team, Teammate
 
 SAMPLE = Path(__file__).parent.parent / "mailboxes" / "samples" / "research-writer"
 
@@ -72,9 +78,9 @@ def test_rerun_command_on_the_recorded_sample() -> None:
 async def test_a_teammate_that_kept_its_context_over_two_tasks_reruns_the_same(
     tmp_path: Path,
 ) -> None:
-    from teamrt import Envelope, MemoryMailboxes
-    from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec
-    from teamrt.team import Team, Teammate
+    from teamrt import Envelope
+    from teamrt.models import ChatMessage, ModelReply, ToolSpec
+    from teamrt.team import Team
 
     def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
         text = messages[-1].content or ""
@@ -91,3 +97,29 @@ async def test_a_teammate_that_kept_its_context_over_two_tasks_reruns_the_same(
     report, divergence, steps = await rerun(tmp_path, "clerk", [price], "Quote.")
     assert divergence is None and steps >= 5
     assert report is not None and report.ok
+
+
+# --- what users and models may well give ---
+
+
+def test_rerun_team_with_a_spec_that_names_none_of_the_agents_is_a_mistake(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spec whose teammates are none of the team's agents re-runs nothing: that is not a
+    pass (exit 0), it is a mistake (exit 2) that names whom the team has."""
+    monkeypatch.setenv("TEAMRT_DEMO_SCRATCH", str(tmp_path / "scratch"))
+    team_dir = tmp_path / "team"
+
+    async def run() -> None:
+        async with (
+            FileMailboxes(team_dir) as mail,
+            Team(mail, demo.teammates("offline"), agent_dir=team_dir / "agents") as team,
+        ):
+            await team.ask("researcher", demo.TASK, timeout=30)
+
+    anyio.run(run)
+    capsys.readouterr()
+    assert main(["rerun", str(team_dir), "--team", "--spec", "tests.eval_targets:team"]) == 2
+    err = capsys.readouterr().err
+    assert "none of the teammates --spec tests.eval_targets:team names" in err
+    assert "researcher, writer" in err

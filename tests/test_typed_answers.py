@@ -681,3 +681,36 @@ async def test_the_docs_example_runs() -> None:
     namespace: dict[str, Any] = {"__name__": "typed_answers"}
     exec(compile(code, str(EXAMPLE), "exec"), namespace)
     await namespace["main"]()
+
+
+# --- what users and models may well give ---
+
+
+class Reading(BaseModel):
+    """A measurement."""
+
+    value: float
+
+
+async def test_a_typed_answer_with_a_number_too_big_for_a_float_is_corrected() -> None:
+    """`1e999` is JSON, but no float: taken as infinity it was accepted, then written out as
+    `null`, which a lead's `ask` refused as not matching the very type the teammate declared.
+    It is a rejected answer, and the model gets its one correction."""
+    model = ScriptedModel(['{"value": 1e999}', '{"value": 2.5}'], structured_output=True)
+    report = await Agent("meter", model, output_type=Reading).run("Measure.")
+    assert (report.stop.reason, report.output, report.answer) == (
+        "answer",
+        Reading(value=2.5),
+        '{"value":2.5}',
+    )
+    correction = [m.content or "" for m in model.calls[1] if m.role == "user"][-1]
+    assert "1e999" in correction and "finite" in correction
+
+    teammate = Teammate(
+        "meter",
+        lambda: ScriptedModel([call("final_answer", '{"value": 1e999}')] * 2),
+        output_type=Reading,
+    )
+    async with MemoryMailboxes() as mail, Team(mail, [teammate]) as team:
+        with pytest.raises(InvalidOutput, match="meter gave no valid Reading"):
+            await team.ask("meter", "Measure.", output_type=Reading, timeout=10)

@@ -8,7 +8,7 @@ misnumber a line, or encode an envelope otherwise than the batched path does. Ti
 logically (a timeout is never raised before its deadline, measured on the clock the deadline was
 computed with); "not long after" is asserted by order (an early deadline is reached while later
 waiters still wait), never by a wall-clock bound. Where the claim is about processes, a real one
-runs (this file is also the child: `python test_round_trip_deadlines_and_acks.py MODE ...`).
+runs (this file is also the child: `python test_inbox.py MODE ...`).
 
 Bugs this pass found, each fixed after its test: `release()` took an answer `request()` had
 returned (its ack was still pending); a closed inbox's deadline timer kept the mailboxes alive
