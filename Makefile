@@ -49,7 +49,7 @@ bench: $(STAMP)
 	$(BIN)/teamrt bench
 
 docs: $(STAMP)  # the site, into site/: a broken link, reference or include fails the build
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	$(BIN)/mkdocs build --strict
 
 DIST ?= dist
 dist: $(STAMP)  # the sdist, and the wheel built from it
