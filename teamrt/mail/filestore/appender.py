@@ -35,6 +35,7 @@ when the log's size is not the one it left.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -56,7 +57,12 @@ from teamrt.mail.filestore.fileio import (
     translate,
     write_all,
 )
-from teamrt.mail.filestore.framing import HIGH_WATER_SIZE, HighWater, decode_high_water
+from teamrt.mail.filestore.framing import (
+    HIGH_WATER_SIZE,
+    HighWater,
+    decode_high_water,
+    encode_high_water,
+)
 from teamrt.mail.filestore.paths import InboxPaths, same_file
 from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import decode_line, stamp_many
@@ -309,11 +315,10 @@ class Appender:
             return self.append_locked(encoded)
         end = size + len(line)
         last = first + len(encoded) - 1
-        try:  # noqa: SIM105 -- a try costs nothing here, a suppress() a context per send
-            # the mark (`encode_high_water`, inlined)
-            os.pwrite(self.lock_fd, b"%20d %20d %20d\n" % (last, self.segment, end), 0)
-        except OSError:
-            pass  # the line is sent: the next writer finds it after the mark it left
+        # the line is sent whatever happens to its mark: a writer that finds the mark behind
+        # the log counts the lines after it that continue its seq (`_past_mark`)
+        with contextlib.suppress(OSError):
+            os.pwrite(self.lock_fd, encode_high_water(HighWater(last, self.segment, end)), 0)
         self.known_size = end
         self.next_seq = last + 1
         return first
