@@ -231,7 +231,7 @@ def _fork(
     try:
         journals = {name: _cut_journal(source_agents, name, cut, sent) for name in members}
     except OSError as exc:
-        raise StoreError(exc.errno or 0, f"read the agents' files: {exc}") from None
+        raise StoreError(f"read the agents' files: {exc}", errno=exc.errno or 0) from None
 
     # an agent stopped between a reply and the results of its tool calls runs those calls
     # again when it resumes: what they had sent is sent again, so the first copy is not
@@ -282,7 +282,7 @@ def _fork(
         agents = _fork_agents(source_agents, dest, members, journals, cut)
     except OSError as exc:
         raise StoreError(
-            exc.errno or 0, f"fork the agents' files into {dest}: {exc.strerror}"
+            f"fork the agents' files into {dest}: {exc.strerror}", errno=exc.errno or 0
         ) from None
 
     open_requests = tuple(

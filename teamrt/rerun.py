@@ -30,7 +30,8 @@ from teamrt.agents.loop import Agent
 from teamrt.agents.output import OutputType
 from teamrt.agents.state import AgentState, RunReport
 from teamrt.agents.tools import Tool, tool
-from teamrt.errors import ModelError, UsageError
+from teamrt.errors import Divergence as Divergence
+from teamrt.errors import UsageError
 from teamrt.models.base import (
     ChatMessage,
     Model,
@@ -75,14 +76,6 @@ def load_transcript(path: Path) -> list[Step]:
             )
         )
     return steps
-
-
-class Divergence(ModelError):
-    """The re-run's conversation left the recording."""
-
-    def __init__(self, step: int, message: str) -> None:
-        super().__init__(f"differs at step {step}: {message}")
-        self.step = step
 
 
 def _show(m: ChatMessage) -> str:

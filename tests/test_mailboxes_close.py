@@ -20,7 +20,7 @@ class FailingCommits(MemoryStore):
         reader = super().reader(name)
 
         async def commit(cursor: Cursor) -> None:
-            raise StoreError(5, "the store went away")
+            raise StoreError("the store went away", errno=5)
 
         reader.commit = commit  # type: ignore[method-assign]
         return reader

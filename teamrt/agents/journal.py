@@ -91,7 +91,7 @@ def _append_line(path: Path, record: dict[str, Any]) -> None:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise StoreError(exc.errno or 0, f"write {path}: {exc.strerror}") from None
+        raise StoreError(f"write {path}: {exc.strerror}", errno=exc.errno or 0) from None
 
 
 def _replace_file(path: Path, data: bytes) -> None:
@@ -112,7 +112,7 @@ def _replace_file(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise StoreError(exc.errno or 0, f"write {path}: {exc.strerror}") from None
+        raise StoreError(f"write {path}: {exc.strerror}", errno=exc.errno or 0) from None
 
 
 def _keep(path: Path, kept: Path) -> None:
@@ -128,14 +128,14 @@ def _keep(path: Path, kept: Path) -> None:
         os.replace(tmp, kept)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise StoreError(exc.errno or 0, f"keep {path} as {kept}: {exc.strerror}") from None
+        raise StoreError(f"keep {path} as {kept}: {exc.strerror}", errno=exc.errno or 0) from None
 
 
 def _truncate(path: Path, length: int) -> None:
     try:
         os.truncate(path, length)
     except OSError as exc:
-        raise StoreError(exc.errno or 0, f"repair {path}: {exc.strerror}") from None
+        raise StoreError(f"repair {path}: {exc.strerror}", errno=exc.errno or 0) from None
 
 
 def _prepare(path: Path) -> Path:
@@ -283,7 +283,9 @@ class Journal:
             if kind == "start":
                 state = AgentState.model_validate(record["state"])
             elif state is None:
-                raise StoreError(0, f"{self.path}: journal does not begin with a start record")
+                raise StoreError(
+                    f"{self.path}: journal does not begin with a start record", errno=0
+                )
             else:
                 _apply(state, kind, record)
         return state

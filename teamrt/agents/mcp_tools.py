@@ -45,6 +45,8 @@ from pydantic import BaseModel
 
 from teamrt.agents.tools import DEFAULT_MAX_OUTPUT, Tool, ToolResult, _error, current_call_id
 from teamrt.errors import MCPServerError, UsageError
+from teamrt.errors import ServerGone as ServerGone
+from teamrt.errors import ToolError as ToolError
 from teamrt.models.base import ToolSpec
 
 if TYPE_CHECKING:
@@ -63,14 +65,6 @@ _MAX_PAGES = 100  # tools/list pages read at most
 #: The `_meta` key of a call's `current_call_id()`: the same when a resumed run repeats a call
 #: that was in flight at a crash, so a server can use it as an idempotency key.
 CALL_ID_META = "teamrt/call_id"
-
-
-class ToolError(Exception):
-    """A tool call the server answered with `isError` (its message is the server's text)."""
-
-
-class ServerGone(Exception):
-    """The server died or dropped the connection: its tools no longer answer."""
 
 
 @dataclass(frozen=True)

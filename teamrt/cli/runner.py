@@ -129,13 +129,13 @@ async def supervised(args: argparse.Namespace) -> int:
     return 128 + received[0] if received else code
 
 
-class Terminated(BaseException):
+class _Terminated(BaseException):
     """SIGTERM during a command that runs no team (inspect, replay, bench): unwinds it like
     Ctrl-C does, so that its `finally` blocks (scratch directories, say) still run."""
 
 
 def _terminated(signum: int, frame: object) -> None:
-    raise Terminated
+    raise _Terminated
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -155,7 +155,7 @@ def execute(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
-    except Terminated:
+    except _Terminated:
         print(f"{name}: SIGTERM received, stopped", file=sys.stderr)
         return 143
     except BrokenPipeError:  # `teamrt replay DIR | head`: the reader left, which is fine

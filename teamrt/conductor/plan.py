@@ -15,15 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from teamrt.errors import TeamrtError, UsageError
-
-
-class PlanError(UsageError):
-    """A plan that cannot be run: says which subtask is wrong and how."""
-
-
-class IllegalTransition(TeamrtError, RuntimeError):
-    """A subtask was moved along an edge the lifecycle table does not have (a bug)."""
+from teamrt.errors import IllegalTransition as IllegalTransition
+from teamrt.errors import PlanError as PlanError
 
 
 class Subtask(BaseModel):

@@ -20,7 +20,8 @@ import anyio
 
 from teamrt.agents.journal import summarise
 from teamrt.agents.limits import prices_from_env
-from teamrt.errors import TeamrtError, UsageError
+from teamrt.errors import DemoFailed as DemoFailed
+from teamrt.errors import UsageError
 from teamrt.mail import open_store
 from teamrt.models import FunctionModel, Model, model_requests_allowed
 from teamrt.replay import timeline
@@ -36,11 +37,6 @@ MODEL_VARIABLE = "TEAMRT_DEMO_MODEL"
 PROBE_TIMEOUT = 10.0
 
 _PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
-
-
-class DemoFailed(TeamrtError):
-    """A demo cannot reach its model server; the message is the one line the user sees. (A
-    missing or malformed variable is the caller's mistake: a `UsageError`.)"""
 
 
 def choice_from_env() -> Choice:

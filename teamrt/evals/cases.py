@@ -24,16 +24,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from teamrt.errors import InvalidName, UsageError
+from teamrt.errors import CaseError as CaseError
+from teamrt.errors import InvalidName
 from teamrt.names import validate_name
 from teamrt.private_files import write_private
 
 #: The note a check derived from a recorded run carries until the user edits it.
 DERIVED = "derived from the recorded answer: edit to say what a right answer must have"
-
-
-class CaseError(UsageError):
-    """A cases file that cannot be used: names the file (and line) and what is wrong."""
 
 
 class _Check(BaseModel):

@@ -167,5 +167,5 @@ def redeemed(store: Store, envelope: R) -> R:
         return envelope
     redeemed = redeem(store, EnvelopeFields.of(envelope))
     if type(redeemed) is str:
-        raise StoreCorrupt(0, f"envelope {envelope.id} from {envelope.sender}: {redeemed}")
+        raise StoreCorrupt(f"envelope {envelope.id} from {envelope.sender}: {redeemed}", errno=0)
     return envelope.model_copy(update={"body": redeemed.body})  # type: ignore[union-attr]

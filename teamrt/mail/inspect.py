@@ -51,7 +51,9 @@ def inspect_team(team: TeamView | str | os.PathLike[str]) -> TeamReport:
     except OSError as exc:
         if isinstance(exc, StoreError):
             raise
-        raise StoreError(exc.errno or 0, f"inspect {view.locator}: {exc.strerror or exc}") from None
+        raise StoreError(
+            f"inspect {view.locator}: {exc.strerror or exc}", errno=exc.errno or 0
+        ) from None
 
 
 def _inspect_team(view: TeamView) -> TeamReport:

@@ -15,19 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from teamrt.errors import ModelError
+from teamrt.errors import StreamFault as StreamFault
+from teamrt.errors import Unusable as Unusable
 from teamrt.models.base import ChatMessage, ModelReply, OutputSpec, ToolCall, ToolSpec, Usage
 from teamrt.models.strict_schema import drop_added_nulls, strict_schema
-
-
-class Unusable(ModelError):
-    """An answer (or a streamed event) that cannot be turned into a reply. Not retried."""
-
-
-class StreamFault(ModelError):
-    """A stream that broke off or sent a chunk that is not JSON: retried while nothing of the
-    reply was passed on yet."""
-
 
 # --- request bodies -----------------------------------------------------------------------------
 

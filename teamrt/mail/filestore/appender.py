@@ -177,8 +177,8 @@ class Appender:
             await anyio.to_thread.run_sync(os.fdatasync, fd)
         except OSError as exc:
             raise DurabilityError(
-                exc.errno or 0,
                 f"{self.what}: fsync failed: {exc.strerror}; the send is not acknowledged",
+                errno=exc.errno or 0,
             ) from None
         finally:
             self._syncing = -1

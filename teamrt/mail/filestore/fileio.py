@@ -32,12 +32,14 @@ def translate(exc: OSError, what: str) -> StoreError:
     if isinstance(exc, StoreError):
         return exc
     if exc.errno in FULL_ERRNOS:
-        return DiskFull(exc.errno, f"{what}: {os.strerror(exc.errno)}; nothing was written")
+        return DiskFull(f"{what}: {os.strerror(exc.errno)}; nothing was written", errno=exc.errno)
     if exc.errno == errno.ELOOP:
-        return StoreError(exc.errno, f"{what}: refused to follow a symbolic link")
+        return StoreError(f"{what}: refused to follow a symbolic link", errno=exc.errno)
     if exc.errno == errno.EMFILE:
-        return StoreError(exc.errno, f"{what}: {os.strerror(exc.errno)}; {_descriptor_limit()}")
-    return StoreError(exc.errno or 0, f"{what}: {exc.strerror or exc}")
+        return StoreError(
+            f"{what}: {os.strerror(exc.errno)}; {_descriptor_limit()}", errno=exc.errno
+        )
+    return StoreError(f"{what}: {exc.strerror or exc}", errno=exc.errno or 0)
 
 
 def _descriptor_limit() -> str:

@@ -30,7 +30,7 @@ def same_file(a: Path, b: Path) -> bool:
 
 
 def _read_error(path: Path, exc: OSError) -> StoreError:
-    return StoreError(exc.errno or 0, f"read {path}: {exc.strerror or exc}")
+    return StoreError(f"read {path}: {exc.strerror or exc}", errno=exc.errno or 0)
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class InboxPaths:
                         chunk = f.read(READ_CHUNK)
                     except OSError as exc:
                         raise StoreError(
-                            exc.errno or 0, f"read {segment}: {exc.strerror}"
+                            f"read {segment}: {exc.strerror}", errno=exc.errno or 0
                         ) from None
                     if not chunk:
                         break

@@ -398,7 +398,7 @@ def repair_team(
     `TEAMRT_TEAM_KEY`): a signed team's key (`TeamKeyMismatch` without it)."""
     store = FileStore(path, create=False)
     if not os.path.lexists(store.roster_path):
-        raise StoreError(2, f"no team at {store.path} (team.json is missing)")
+        raise StoreError(f"no team at {store.path} (team.json is missing)", errno=2)
     store.check_directories()
     members = store.members(refresh=True)
     check_key(store.team, store.signing, key_fingerprint(key, store.team))

@@ -253,7 +253,7 @@ class FileStore(Store):
         try:
             if not os.path.lexists(self.roster_path):  # noqa: ASYNC240 -- one stat, cold path
                 if not self.create:
-                    raise StoreError(errno.ENOENT, f"no team directory at {self.path}")
+                    raise StoreError(f"no team directory at {self.path}", errno=errno.ENOENT)
                 make_dirs(self.path.parent)  # 0700 each, whatever the umask
                 self._mkdir(self.path)
             self.check_directories()
@@ -300,7 +300,7 @@ class FileStore(Store):
             max_envelope = int(data.get("max_envelope", self.max_envelope))
             signing = recorded_signing(data)
         except (ValueError, KeyError, TypeError) as exc:
-            raise StoreError(0, f"unreadable roster {self.roster_path}: {exc}") from None
+            raise StoreError(f"unreadable roster {self.roster_path}: {exc}", errno=0) from None
         except OSError as exc:
             raise translate(exc, f"read {self.roster_path}") from None
         self._roster = members

@@ -70,7 +70,9 @@ def _read_on(fd: int, splitter: LineSplitter, paths: InboxPaths) -> Iterator[Ent
         try:
             chunk = os.pread(fd, _CHUNK, splitter.offset)
         except OSError as exc:
-            raise StoreError(exc.errno or 0, f"read {paths.name}'s inbox: {exc.strerror}") from None
+            raise StoreError(
+                f"read {paths.name}'s inbox: {exc.strerror}", errno=exc.errno or 0
+            ) from None
         if not chunk:
             return
         yield from splitter.feed(chunk)
@@ -109,14 +111,14 @@ def _open_segment(paths: InboxPaths, index: int) -> int | None:
             pass
         except OSError as exc:
             raise StoreError(
-                exc.errno or 0, f"read {paths.segment(index)}: {exc.strerror}"
+                f"read {paths.segment(index)}: {exc.strerror}", errno=exc.errno or 0
             ) from None
         try:
             fd = os.open(paths.log, O_READ)
         except FileNotFoundError:
             raise _damaged(paths, f"{paths.log} is missing") from None
         except OSError as exc:
-            raise StoreError(exc.errno or 0, f"read {paths.log}: {exc.strerror}") from None
+            raise StoreError(f"read {paths.log}: {exc.strerror}", errno=exc.errno or 0) from None
         found = _which(paths, index, fd)
         if found is True:
             return fd
@@ -167,13 +169,13 @@ class FileView(TeamView):
                 found = "it is a file, not a team directory"
             else:
                 found = "team.json is missing"
-            raise StoreError(2, f"no team at {self.path} ({found})") from None
+            raise StoreError(f"no team at {self.path} ({found})", errno=2) from None
         except OSError as exc:
-            raise StoreError(exc.errno or 0, f"read {file}: {exc.strerror or exc}") from None
+            raise StoreError(f"read {file}: {exc.strerror or exc}", errno=exc.errno or 0) from None
         except ValueError as exc:
-            raise StoreError(0, f"unreadable team.json in {self.path}: {exc}") from None
+            raise StoreError(f"unreadable team.json in {self.path}: {exc}", errno=0) from None
         if not isinstance(data, dict) or not isinstance(data.get("members"), list):
-            raise StoreError(0, f"unreadable team.json in {self.path}: no member list")
+            raise StoreError(f"unreadable team.json in {self.path}: no member list", errno=0)
         return data
 
     def members(self) -> tuple[str, ...]:
@@ -190,7 +192,7 @@ class FileView(TeamView):
         try:
             return recorded_signing(self._roster())
         except ValueError as exc:
-            raise StoreError(0, f"unreadable team.json in {self.path}: {exc}") from None
+            raise StoreError(f"unreadable team.json in {self.path}: {exc}", errno=0) from None
 
     def paths(self, name: str) -> InboxPaths:
         validate_name(name)
