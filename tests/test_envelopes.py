@@ -120,7 +120,9 @@ def test_bad_names(name: object) -> None:
 def test_public_surface_is_pinned() -> None:
     assert teamrt.__all__ == sorted(teamrt.__all__)
     assert set(teamrt.__all__) == {
+        "AgentStop",
         "BlobTooLarge",
+        "DeliveryError",
         "Broadcast",
         "DiskFull",
         "DurabilityError",
@@ -135,6 +137,7 @@ def test_public_surface_is_pinned() -> None:
         "LeaseLost",
         "MailboxClosed",
         "Mailboxes",
+        "ModelError",
         "MemoryMailboxes",
         "MemoryStore",
         "Message",
@@ -145,6 +148,7 @@ def test_public_surface_is_pinned() -> None:
         "Request",
         "RequestTimeout",
         "Response",
+        "StateError",
         "Store",
         "StoreAuthFailed",
         "StoreError",
@@ -153,6 +157,7 @@ def test_public_surface_is_pinned() -> None:
         "TeamKeyMismatch",
         "TeamView",
         "TeamrtError",
+        "ToolFailure",
         "UnknownRecipient",
         "UsageError",
         "__version__",
