@@ -8,6 +8,7 @@
     │   ├── <name>.state.jsonl      an agent's journal (teamrt.agents.journal)
     │   ├── <name>.state.prev.jsonl the journal of its task before the current one
     │   └── <name>.transcript.jsonl its model calls (teamrt.rerun replays them)
+    ├── conductor/state.json        a conductor's decisions and outcome (replay shows them)
     ├── scratch/                    files a demo's teammates write
     └── .demo.lock                  held by a demo while it runs in the directory
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 __all__ = [
     "AGENTS",
+    "CONDUCTOR_STATE",
     "DEMO_LOCK",
     "JOURNAL",
     "PREVIOUS_JOURNAL",
@@ -38,6 +40,7 @@ __all__ = [
 ROSTER = "team.json"
 AGENTS = "agents"
 SCRATCH = "scratch"
+CONDUCTOR_STATE = "conductor/state.json"
 DEMO_LOCK = ".demo.lock"
 JOURNAL = ".state.jsonl"  # suffixes of an agent's files, after its name
 PREVIOUS_JOURNAL = ".state.prev.jsonl"
@@ -99,6 +102,11 @@ class TeamDir:
     def scratch(self) -> Path:
         """Where a demo's teammates write their files."""
         return self.path / SCRATCH
+
+    @property
+    def conductor_state(self) -> Path:
+        """Where a conductor working in this directory keeps its decisions and outcome."""
+        return self.path / CONDUCTOR_STATE
 
     @property
     def demo_lock(self) -> Path:
