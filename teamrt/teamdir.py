@@ -59,11 +59,6 @@ class AgentDir:
 
     path: Path
 
-    @classmethod
-    def at(cls, path: str | os.PathLike[str]) -> AgentDir:
-        """The agents' directory at `path` (which need not exist)."""
-        return cls(Path(path))
-
     def journal(self, name: str) -> Path:
         """Agent `name`'s journal (`<name>.state.jsonl`)."""
         return self.path / f"{name}{JOURNAL}"

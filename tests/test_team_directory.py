@@ -40,7 +40,7 @@ BELOW = {"teamrt.names", "teamrt.errors", "teamrt.private_files"}
         (TeamDir.at("t").scratch, "t/scratch"),
         (TeamDir.at("t").demo_lock, "t/.demo.lock"),
         (TeamDir.at("t").conductor_state, "t/conductor/state.json"),
-        (AgentDir.at("elsewhere").journal("bo"), "elsewhere/bo.state.jsonl"),
+        (AgentDir(Path("elsewhere")).journal("bo"), "elsewhere/bo.state.jsonl"),
         (previous_journal(Path("a/bo.state.jsonl")), "a/bo.state.prev.jsonl"),
         (previous_journal(Path("a/custom.jsonl")), "a/custom.prev.jsonl"),
     ],
