@@ -62,6 +62,7 @@ from teamrt.mail.log import Cursor, Entry, Position, Record, decode_entry
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.store import TeamView
 from teamrt.names import validate_name
+from teamrt.teamdir import AgentDir, TeamDir
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +186,8 @@ def fork_team(
     team directory's agents/). Raises `UsageError` for a missing source or `agent_dir`, an
     unknown envelope id or a `dest` that exists and is not empty."""
     destination = Path(dest)
-    if not is_url(source) and not (Path(source) / "team.json").is_file():
-        raise UsageError(f"no team at {source}: there is no {Path(source) / 'team.json'}")
+    if not is_url(source) and not TeamDir.at(source).holds_team():
+        raise UsageError(f"no team at {source}: there is no {TeamDir.at(source).roster}")
     if os.path.lexists(destination) and not (
         destination.is_dir() and not any(destination.iterdir())
     ):
@@ -198,7 +199,7 @@ def fork_team(
         try:
             return _fork(view, at, destination, agent_dir)
         except BaseException:
-            if (destination / "team.json").exists():  # ours, half written: not a fork
+            if TeamDir(destination).roster.exists():  # ours, half written: not a fork
                 shutil.rmtree(destination, ignore_errors=True)
             raise
 
@@ -226,7 +227,7 @@ def _fork(
     source_agents = (
         Path(agent_dir)
         if agent_dir is not None
-        else (view.directory / "agents" if view.directory is not None else None)
+        else (TeamDir(view.directory).agents.path if view.directory is not None else None)
     )
     try:
         journals = {name: _cut_journal(source_agents, name, cut, sent) for name in members}
@@ -247,8 +248,8 @@ def _fork(
         records = inboxes[name][: kept[name]]
         journal = journals[name]
         has_files = source_agents is not None and (
-            (source_agents / f"{name}.state.jsonl").exists()
-            or (source_agents / f"{name}.transcript.jsonl").exists()
+            AgentDir(source_agents).journal(name).exists()
+            or AgentDir(source_agents).transcript(name).exists()
         )
         committed = view.committed(name) if not has_files else None
         resent = [_sent_again(r, again) for r in records]
@@ -305,13 +306,13 @@ def _fork_agents(
     """Write each agent's journal and transcript as they were at `cut` into `dest`/agents."""
     agents: dict[str, AgentFork] = {}
     if source_agents is not None:
-        target = dest / "agents"
+        target = TeamDir(dest).agents.path
         target.mkdir(mode=0o700, exist_ok=True)
         for name in members:
             journal = journals[name]
             calls = _cut_transcript(source_agents, target, name, cut)
             if journal is None and calls == 0:
-                if (source_agents / f"{name}.state.jsonl").exists():
+                if AgentDir(source_agents).journal(name).exists():
                     agents[name] = AgentFork(None, 0, 0, None, False, 0)
                 continue
             agents[name] = _write_journal(source_agents, target, name, journal, calls)
@@ -464,7 +465,7 @@ def _cut_journal(
     """Agent `name`'s journal as it was at `cut`, or None if it had none then."""
     if directory is None:
         return None
-    journal = Journal(directory / f"{name}.state.jsonl")
+    journal = Journal(AgentDir(directory).journal(name))
     versions = [
         (which, path, _read_lines(path))
         for which, path in (("current", journal.path), ("previous", journal.previous_path))
@@ -472,7 +473,7 @@ def _cut_journal(
     # the transcript's last calls are the current journal's, and those before, the previous's
     transcript = [
         float(r["ts"])
-        for _, r in _read_lines(directory / f"{name}.transcript.jsonl")
+        for _, r in _read_lines(AgentDir(directory).transcript(name))
         if isinstance(r.get("ts"), int | float)
     ]
     oldest: dict[str, Any] | None = None
@@ -522,10 +523,10 @@ def _write_journal(
 ) -> AgentFork:
     if cut is None:
         return AgentFork(None, 0, 0, None, False, calls)
-    journal = Journal(target / f"{name}.state.jsonl")
+    journal = Journal(AgentDir(target).journal(name))
     _write(journal.path, b"".join(line + b"\n" for line in cut.lines))
     if cut.which == "current":  # the task before stays reachable in the fork too
-        previous = Journal(source / f"{name}.state.jsonl").previous_path
+        previous = Journal(AgentDir(source).journal(name)).previous_path
         if previous.exists():
             _write(journal.previous_path, previous.read_bytes())
     state = cut.state
@@ -543,11 +544,11 @@ def _cut_transcript(source: Path, target: Path, name: str, cut: float) -> int:
     """Copy the model calls of `name`'s transcript recorded at or before `cut`; their count."""
     kept = [
         line
-        for line, record in _read_lines(source / f"{name}.transcript.jsonl")
+        for line, record in _read_lines(AgentDir(source).transcript(name))
         if isinstance(record.get("ts"), int | float) and record["ts"] <= cut
     ]
     if kept:
-        _write(target / f"{name}.transcript.jsonl", b"".join(line + b"\n" for line in kept))
+        _write(AgentDir(target).transcript(name), b"".join(line + b"\n" for line in kept))
     return len(kept)
 
 

@@ -40,6 +40,7 @@ from teamrt.models.base import (
     StructuredOutputModel,
     ToolSpec,
 )
+from teamrt.teamdir import AgentDir
 
 if TYPE_CHECKING:
     from teamrt.team.config import Teammate
@@ -237,7 +238,7 @@ async def rerun(
     divergence if any, and the number of recorded steps. `output_type`: the agent's (a typed
     teammate's), so that its answers are asked for and validated as they were. With `model`,
     each step's reply from that model must also match the recorded one."""
-    path = directory / f"{name}.transcript.jsonl"
+    path = AgentDir(directory).transcript(name)
     if not path.exists():
         raise UsageError(f"no transcript at {path}")
     steps = load_transcript(path)
@@ -289,9 +290,7 @@ async def rerun(
 
 def _recorded_agents(directory: Path) -> list[str]:
     """The agents with a transcript in `directory`."""
-    return sorted(
-        p.name.removesuffix(".transcript.jsonl") for p in directory.glob("*.transcript.jsonl")
-    )
+    return AgentDir(directory).transcribed()
 
 
 @dataclass

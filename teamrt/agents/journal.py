@@ -36,6 +36,7 @@ from teamrt.agents.state import AgentState, OpenStep, Stop
 from teamrt.errors import StoreError
 from teamrt.models.base import ChatMessage, ModelReply, OutputSpec, Usage
 from teamrt.private_files import make_dirs
+from teamrt.teamdir import previous_journal
 
 _MESSAGES = TypeAdapter(list[ChatMessage])
 _SCALARS = {
@@ -157,7 +158,7 @@ class Journal:
     def previous_path(self) -> Path:
         """Where the journal of the task before the current one is kept
         (`<agent>.state.prev.jsonl` beside `<agent>.state.jsonl`)."""
-        return self.path.with_name(self.path.name.removesuffix(".jsonl") + ".prev.jsonl")
+        return previous_journal(self.path)
 
     def start(self, state: AgentState) -> None:
         """Begin a task: the journal becomes one snapshot of `state`. The journal it replaces

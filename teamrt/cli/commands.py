@@ -18,6 +18,7 @@ from teamrt.mail.locator import is_url, with_team
 from teamrt.names import validate_name
 from teamrt.private_files import make_dirs
 from teamrt.specs import load_object
+from teamrt.teamdir import TeamDir
 
 
 def inspect(args: argparse.Namespace) -> int:
@@ -29,7 +30,7 @@ def inspect(args: argparse.Namespace) -> int:
         root = view.directory  # agents' journals: in the team directory, for a local team
         agents: list[dict[str, Any]] = []
         for name in report.members:
-            journal = root / "agents" / f"{name}.state.jsonl" if root is not None else None
+            journal = TeamDir(root).agents.journal(name) if root is not None else None
             agents.append(
                 {
                     "name": name,
@@ -299,8 +300,8 @@ def _agent_dir(args: argparse.Namespace) -> Path:
     if getattr(args, "agent_dir", None):
         return Path(args.agent_dir)
     if not is_url(args.dir):
-        return Path(args.dir) / "agents"
-    return Path.cwd() / "agents"
+        return TeamDir.at(args.dir).agents.path
+    return TeamDir(Path.cwd()).agents.path
 
 
 async def demo(args: argparse.Namespace) -> int:

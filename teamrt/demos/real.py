@@ -26,6 +26,7 @@ from teamrt.mail import open_store
 from teamrt.models import FunctionModel, Model, model_requests_allowed
 from teamrt.replay import timeline
 from teamrt.team import RESULT, TaskResult
+from teamrt.teamdir import AgentDir, TeamDir
 
 Choice = Literal["offline", "openai"]
 CHOICES: tuple[Choice, ...] = ("offline", "openai")
@@ -168,7 +169,7 @@ def print_reports(
     journal's last run in `agent_dir`, by default the team directory's agents/, or that it was
     never given a task). Returns what it printed."""
     found = results(team)
-    agent_dir = agent_dir if agent_dir is not None else Path(team) / "agents"
+    agents = AgentDir(agent_dir) if agent_dir is not None else TeamDir.at(team).agents
     print("Stop reports:")
     for member in members:
         reports = found.get(member, [])
@@ -176,7 +177,7 @@ def print_reports(
             print(f"  {member:12} {report_line(result)}")
         if reports:
             continue
-        journal = agent_dir / f"{member}.state.jsonl"
+        journal = agents.journal(member)
         last = summarise(journal) if journal.exists() else None
         if last is None:
             print(f"  {member:12} never given a task")

@@ -35,6 +35,7 @@ from teamrt.mail.locator import describe, with_team
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.private_files import make_dirs, write_private
 from teamrt.team import TASK, TaskResult, Teammate
+from teamrt.teamdir import TeamDir
 
 TEAM = "two-hosts"
 LEASE_TTL = 3.0  # seconds: short, so that the takeover is seen soon
@@ -160,7 +161,7 @@ async def _run(base: Path, url: str) -> int:
                         await process.wait()
     written = sorted(p.name for p in (host_b / "notes").glob("*.md"))
     print(f"demo: host B's notes/: {', '.join(written)}; the writer's journal: "
-          f"{host_b / 'agents' / 'writer.state.jsonl'}")  # fmt: skip
+          f"{TeamDir(host_b).agents.journal('writer')}")  # fmt: skip
     with open_view(url) as view:
         snapshot = base / "snapshot" / view.team
         export_team(view, snapshot)  # the private server goes when the demo ends; files stay
@@ -173,7 +174,7 @@ async def _run(base: Path, url: str) -> int:
 async def _start_writer(url: str, host: Path, which: str) -> anyio.abc.Process:
     process = await anyio.open_process(
         [sys.executable, "-m", "teamrt", "run-agent", url, "--name", "writer",
-         "--spec", "teamrt.demos.two_hosts:writer", "--agent-dir", str(host / "agents")],
+         "--spec", "teamrt.demos.two_hosts:writer", "--agent-dir", str(TeamDir(host).agents.path)],
         cwd=host, stdout=None, stderr=None,
     )  # fmt: skip
     print(f"host B: started the {which} writer process, pid {process.pid}")

@@ -22,8 +22,9 @@ from pathlib import Path
 from teamrt.errors import MemberBusy, StoreError
 from teamrt.mail import open_view
 from teamrt.private_files import FILE_MODE, make_dirs
+from teamrt.teamdir import DEMO_LOCK, ROSTER, TeamDir
 
-LOCK = ".demo.lock"
+LOCK = DEMO_LOCK
 
 __all__ = ["LOCK", "claim"]
 
@@ -34,7 +35,8 @@ def claim(directory: Path, demo: str, *, what: str) -> Iterator[Path]:
     where the run writes (`what`: what is in there). `MemberBusy` if a run or a member there
     is alive. Yields `directory`."""
     make_dirs(directory)
-    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(TeamDir(directory).demo_lock, flags, FILE_MODE)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -57,9 +59,9 @@ def claim(directory: Path, demo: str, *, what: str) -> Iterator[Path]:
 
 def _teams(directory: Path) -> list[Path]:
     """The team directories in `directory`: itself, and those one or two levels below."""
-    found = [directory] if (directory / "team.json").is_file() else []
-    found += sorted(p.parent for p in directory.glob("*/team.json"))
-    found += sorted(p.parent for p in directory.glob("*/*/team.json"))
+    found = [directory] if TeamDir(directory).holds_team() else []
+    found += sorted(p.parent for p in directory.glob(f"*/{ROSTER}"))
+    found += sorted(p.parent for p in directory.glob(f"*/*/{ROSTER}"))
     return found
 
 
@@ -84,7 +86,7 @@ def _check_no_live_member(directory: Path) -> None:
 def _empty(directory: Path) -> None:
     """Remove an earlier run's files (never the lock; a symlink goes, not what it names)."""
     for entry in directory.iterdir():
-        if entry.name == LOCK:
+        if entry.name == DEMO_LOCK:
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)

@@ -14,6 +14,7 @@ from typing import Any
 import pydantic_core
 
 from teamrt.replay.events import ENVELOPE_KINDS, UNTIMED, Event
+from teamrt.teamdir import TeamDir
 
 _INCIDENT = re.compile(rb'^\{\s*"t"\s*:\s*"(stop|crash|cancel)"')
 
@@ -73,7 +74,7 @@ def read_decisions(team_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
     """The conductor's decisions and its outcome, from `conductor/state.json` (none if absent
     or unreadable: the timeline of the envelopes does not depend on it)."""
     try:
-        state = json.loads((team_dir / "conductor" / "state.json").read_text())
+        state = json.loads(TeamDir(team_dir).conductor_state.read_text())
     except (OSError, ValueError):
         return [], None
     if not isinstance(state, dict):

@@ -21,6 +21,7 @@ from teamrt.mail.claims import claim_of
 from teamrt.replay.agents import read_journal, with_decisions
 from teamrt.replay.events import ENVELOPE_KINDS, WINDOW, Event
 from teamrt.replay.summary import Summary
+from teamrt.teamdir import TeamDir
 
 
 class _Recent:
@@ -62,15 +63,9 @@ class Joiner:
         seen = self._seen.get(event.inbox)
         if seen is None:
             seen = self._seen[event.inbox] = _Recent()
-        key, keys = event.id, seen._keys
-        if key in keys:
+        if not seen.add(event.id):
             event.flags.append("duplicate")
             return event
-        keys.add(key)  # seen.add(key), inlined: once per envelope
-        order = seen._order
-        order.append(key)
-        if len(order) > seen._size:
-            keys.discard(order.popleft())
         if kind == "request":
             self.open[event.id] = event
         elif kind == "response" and event.in_reply_to:
@@ -306,7 +301,8 @@ def timeline(
     streams: list[Iterator[Event]] = [_inbox_stream(view, name, positions) for name in names]
     root = view.directory if agent_files else None
     if root is not None:
-        streams += [read_journal(root / "agents" / f"{n}.state.jsonl", n) for n in names]
+        agents = TeamDir(root).agents
+        streams += [read_journal(agents.journal(n), n) for n in names]
     merged: Iterator[Event] = heapq.merge(*streams, key=_by_time)
     if root is not None:
         merged = with_decisions(merged, root)

@@ -213,6 +213,10 @@ class TeamBudget:
         budget._sync(await budget._read())
         return budget
 
+    def published_in(self, store: Store) -> bool:
+        """Whether this budget's ledger is the one in `store` (published or followed there)."""
+        return self._store is store
+
     async def publish(self, store: Store, *, store_outage: float | None = None) -> None:
         """Make this the team's ledger in `store`, shared by every process, starting from what
         this budget has spent so far (charged before, or in the store it was published in)."""

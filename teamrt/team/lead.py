@@ -18,10 +18,11 @@ import contextlib
 import hashlib
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from anyio.streams.memory import MemoryObjectSendStream
 from pydantic import BaseModel, ValidationError
 
 from teamrt.agents.tools import cancelled_for_real
@@ -40,6 +41,7 @@ from teamrt.team.protocol import (
     DecisionBody,
     PlanBody,
     ProgressBody,
+    TaskResult,
 )
 
 if TYPE_CHECKING:
@@ -69,7 +71,25 @@ class LeadServer:
         self._send, self._receive = anyio.create_memory_object_stream[Envelope](MAIL_BUFFERED)
         self._inbox: Inbox | None = None
         self._settled: dict[str, anyio.Event] = {}  # keyed asks here, woken by a late answer
+        #: Streamed tasks asked from this process, by task id: where their progress goes.
+        self.streams: dict[str, MemoryObjectSendStream[ProgressBody | TaskResult | Exception]] = {}
         self._busy = 0  # envelopes received and not yet handled (for `caught_up`)
+
+    def settling(self, task_id: str) -> anyio.Event | None:
+        """The event set when the keyed ask of `task_id` running here ends (None: none runs)."""
+        return self._settled.get(task_id)
+
+    @contextlib.contextmanager
+    def asking_once(self, task_id: str) -> Iterator[anyio.Event]:
+        """While a keyed ask of `task_id` runs here: the event a late answer sets (the server
+        settles the record with it), set when the ask ends, so that an ask of the same key
+        here waiting on this one reads the record then."""
+        settled = self._settled[task_id] = anyio.Event()
+        try:
+            yield settled
+        finally:
+            del self._settled[task_id]
+            settled.set()
 
     def close(self) -> None:
         """The team stopped: the program's mail loop ends. What it did not take is handed back
@@ -224,7 +244,7 @@ class LeadServer:
             body = ProgressBody.model_validate(envelope.body)
         except ValidationError:
             return
-        listener = self.team._progress.get(body.task)
+        listener = self.streams.get(body.task)
         if listener is not None:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 await listener.send(body)
@@ -258,10 +278,15 @@ def keyed_id(team: str, lead: str, key: str) -> str:
     return hashlib.blake2b(f"{team}\0{lead}\0{key}".encode(), digest_size=15).hexdigest()
 
 
+#: Sends a task request and waits for its answer (the team's `mail.request`, counted per member).
+Asker = Callable[[Request, float | None], Awaitable[Response]]
+
+
 async def ask_once(
-    server: LeadServer, role: str, request: Request, key: str, timeout: float | None
+    server: LeadServer, role: str, request: Request, key: str, timeout: float | None, ask: Asker
 ) -> Response:
-    """`request` (its id from `key`) sent at most once per key, its first outcome returned.
+    """`request` (its id from `key`) sent at most once per key (through `ask`), its first
+    outcome returned.
 
     The store's task record is written before the send: a retry that finds it settled returns
     the outcome (an error response raises as `RemoteError`, as it did the first time); one that
@@ -279,26 +304,22 @@ async def ask_once(
             f"{str(record.get('text'))[:80]!r}); a retry must repeat its ask exactly, and a new "
             "ask needs a new key"
         )
-    while (other := server._settled.get(request.id)) is not None:  # the same key, asked here
+    while (other := server.settling(request.id)) is not None:  # the same key, asked here
         await other.wait()  # one request per id waits in an inbox: this ask waits for that one
         record = await store.task_record_create(request.id, mine)
     if "outcome" in record:
         return _outcome(record["outcome"])
-    settled = server._settled[request.id] = anyio.Event()
-    try:
+    with server.asking_once(request.id) as settled:
         if record.get("request") != mine["request"]:
             await server.caught_up()
             record = await store.task_record_create(request.id, mine)
         if "outcome" in record:
             return _outcome(record["outcome"])
-        return await _sent(server, request, timeout, settled)
-    finally:
-        del server._settled[request.id]
-        settled.set()  # an ask of the same key here waiting on this one reads the record now
+        return await _sent(server, request, timeout, settled, ask)
 
 
 async def _sent(
-    server: LeadServer, request: Request, timeout: float | None, settled: anyio.Event
+    server: LeadServer, request: Request, timeout: float | None, settled: anyio.Event, ask: Asker
 ) -> Response:
     """Send `request` and wait for its answer, or for the lead's server to settle its record
     with an answer that came before this wait (a predecessor's)."""
@@ -309,7 +330,7 @@ async def _sent(
 
         async def request_it() -> None:
             try:
-                got.append(await server.team._request(request, timeout))
+                got.append(await ask(request, timeout))
             except RemoteError as exc:  # an outcome too: a retry gets the same error
                 got.append(exc.response)
             except Exception as exc:  # no outcome (a timeout, a teammate gone): raised as is

@@ -20,7 +20,9 @@ import itertools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
@@ -40,8 +42,9 @@ from teamrt.errors import (
     TeamrtError,
     UsageError,
 )
+from teamrt.mail.mailboxes import Mailboxes
 from teamrt.models.base import ChatMessage, Model, TextDelta, Usage
-from teamrt.team.config import MemberStatus, Teammate
+from teamrt.team.config import MemberStatus, TeamBudget, Teammate
 from teamrt.team.desk import Desk
 from teamrt.team.protocol import (
     PLAN_APPROVAL,
@@ -56,9 +59,7 @@ from teamrt.team.protocol import (
     ProgressBody,
     TaskResult,
 )
-
-if TYPE_CHECKING:
-    from teamrt.team.team import Team
+from teamrt.teamdir import AgentDir
 
 log = logging.getLogger("teamrt.team")
 
@@ -70,30 +71,47 @@ _PROGRESS_TEXT = 16_000  # characters of text in one progress message
 PLAN_VERDICT = "plan "  # submit_plan's result starts "plan approved" or "plan rejected"
 
 
+@dataclass(frozen=True, slots=True)
+class TeamContext:
+    """What a runner takes from its team: the team's settings, and the team's own services a
+    teammate's tools and desk use (pool routing, the wait-for graph, shutdown deadlines)."""
+
+    mail: Mailboxes
+    lead: str  # the member idle and crash notices and plans for approval go to
+    agents: AgentDir | None  # where journals and transcripts are kept (None: not kept)
+    prices: dict[str, tuple[float, float]]  # every member's; a teammate's own win
+    budget: TeamBudget | None
+    started: float  # when the team started (wall clock): older shutdowns are not for it
+    shutdown_deadline: float
+    pick: Callable[[str], str]  # a pool's role to its least busy replica
+    waiting: Callable[[str, str], AbstractContextManager[None]]  # see `Team.waiting`
+    enforce_deadline: Callable[[str, Request], None]  # see `Team.enforce_deadline`
+
+
 class Runner:
     """One incarnation of one teammate. See the module docstring."""
 
     def __init__(
         self,
-        team: Team,
+        context: TeamContext,
         teammate: Teammate,
         incarnation: str,
         status: MemberStatus,
         carried: AgentState | None,
         attempts: dict[str, int],
     ) -> None:
-        self.team, self.teammate, self.incarnation, self.status = (
-            team,
+        self.context, self.teammate, self.incarnation, self.status = (
+            context,
             teammate,
             incarnation,
             status,
         )
         self.name = teammate.name
-        self.mail = team.mail
+        self.mail = context.mail
         self.attempts = attempts  # crashes per task id, across incarnations
-        self.journal_path = (
-            team.agent_dir / f"{self.name}.state.jsonl" if team.agent_dir is not None else None
-        )
+        agents = context.agents
+        self.journal_path = agents.journal(self.name) if agents is not None else None
+        self.transcript_path = agents.transcript(self.name) if agents is not None else None
         self.state = self._restore(carried)
         self._seen = set(self.state.handled) if self.state is not None else set()
         self.desk = Desk(
@@ -104,10 +122,10 @@ class Runner:
             wake_on=teammate.wake_on,
             seen=self._seen.__contains__,
             on_queue=lambda n: setattr(status, "queued", n),
-            on_shutdown=lambda request: team.enforce_deadline(self.name, request),
+            on_shutdown=lambda request: context.enforce_deadline(self.name, request),
             on_withdrawn=self._withdrawn_queued,
             on_withdrawn_running=self._withdrawn_running,
-            started=team.started,
+            started=context.started,
         )
         self.agent: Agent | None = None
         self.scope: anyio.CancelScope | None = None  # set by the team: cancels this incarnation
@@ -291,7 +309,7 @@ class Runner:
         last, self._last = self._last, None
         await self.mail.send(
             Envelope.message(
-                self.name, self.team.lead, IdleBody(incarnation=self.incarnation, last=last)
+                self.name, self.context.lead, IdleBody(incarnation=self.incarnation, last=last)
             )
         )
 
@@ -422,8 +440,8 @@ class Runner:
                 self.mail,
                 self.name,
                 desk=self.desk,
-                resolve=self.team.pick,
-                waiting=self.team.waiting,
+                resolve=self.context.pick,
+                waiting=self.context.waiting,
             )
         ]
         if self.teammate.delegate:
@@ -448,8 +466,8 @@ class Runner:
                 self.mail,
                 self.name,
                 desk=self.desk,
-                resolve=self.team.pick,
-                waiting=self.team.waiting,
+                resolve=self.context.pick,
+                waiting=self.context.waiting,
             ),
         ]
         if teammate.delegate:
@@ -458,8 +476,8 @@ class Runner:
                     teammate.make_model,
                     tools=own,
                     limits=teammate.limits,
-                    budget=self.team.budget,
-                    prices={**self.team.prices, **(teammate.prices or {})},
+                    budget=self.context.budget,
+                    prices={**self.context.prices, **(teammate.prices or {})},
                     owner=self.name,
                     on_spend=self._absorb,
                 )
@@ -473,12 +491,10 @@ class Runner:
             tools=tools,
             limits=teammate.limits,
             memory=teammate.memory,
-            prices={**self.team.prices, **(teammate.prices or {})},
-            budget=self.team.budget,
+            prices={**self.context.prices, **(teammate.prices or {})},
+            budget=self.context.budget,
             checkpoint=self.journal_path,
-            transcript=self.team.agent_dir / f"{self.name}.transcript.jsonl"
-            if self.team.agent_dir is not None
-            else None,
+            transcript=self.transcript_path,
             inbound=self,
             keep_context=teammate.context == "persistent",
         )
@@ -514,7 +530,7 @@ class Runner:
         decision = await self.mail.request(
             Envelope.request(
                 self.name,
-                self.team.lead,
+                self.context.lead,
                 PlanBody(plan=plan, task=task),
                 type=PLAN_APPROVAL,
                 timeout=300,
@@ -581,7 +597,7 @@ class Runner:
             await self.mail.send(
                 Envelope.message(
                     self.name,
-                    self.team.lead,
+                    self.context.lead,
                     CrashBody(
                         member=self.name,
                         incarnation=self.incarnation,
@@ -619,7 +635,7 @@ class Runner:
         close = getattr(model, "aclose", None)  # a shared model instance is its owner's to close
         if close is not None:
             # a client that cannot close is its own teammate's problem: logged, bounded in time
-            with anyio.move_on_after(min(2.0, self.team.shutdown_deadline), shield=True):
+            with anyio.move_on_after(min(2.0, self.context.shutdown_deadline), shield=True):
                 try:
                     await close()
                 except Exception as exc:

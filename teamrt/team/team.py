@@ -31,7 +31,6 @@ from typing import Any, Self, TypeVar, overload
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectSendStream
 
 from teamrt.agents.journal import Journal
 from teamrt.agents.output import OutputType, Rejected
@@ -71,7 +70,8 @@ from teamrt.team.protocol import (
     WithdrawBody,
     is_shutdown,
 )
-from teamrt.team.runner import Runner
+from teamrt.team.runner import Runner, TeamContext
+from teamrt.teamdir import AgentDir
 
 log = logging.getLogger("teamrt.team")
 
@@ -159,9 +159,6 @@ class Team:
         self._task_group: TaskGroup | None = None
         self._serving_lead = False
         self._lead_lease: Lease | None = None
-        self._progress: dict[
-            str, MemoryObjectSendStream[ProgressBody | TaskResult | Exception]
-        ] = {}
         self._runners: dict[str, Runner] = {}  # the current incarnation of each member
         self._carried: dict[str, AgentState | None] = {}  # conversations, without a journal
         self._waits_for: dict[str, list[str]] = {}  # member -> members its requests wait on
@@ -197,7 +194,7 @@ class Team:
 
     async def _start(self) -> None:
         budget, store = self.budget, self.mail.store
-        if budget is not None and budget._store is not store:
+        if budget is not None and not budget.published_in(store):
             # every process of the team draws on it, from what it has spent already
             await budget.publish(store, store_outage=self.mail.store_outage)
         elif budget is not None:
@@ -320,7 +317,7 @@ class Team:
             request = request.model_copy(update={"id": keyed_id(self.mail.team, self.lead, key)})
         async with self._asked(request):
             if key is not None:
-                response = await ask_once(self._lead, member, request, key, timeout)
+                response = await ask_once(self._lead, member, request, key, timeout, self._request)
             else:
                 response = await self._request(request, timeout)
         result = peer_answer(TaskResult, response)
@@ -430,7 +427,7 @@ class Team:
         if self.agent_dir is None or request.recipient in self.remote:
             return None
         try:
-            state = Journal(self.agent_dir / f"{request.recipient}.state.jsonl").load()
+            state = Journal(AgentDir(self.agent_dir).journal(request.recipient)).load()
         except (StoreError, OSError):
             return None
         return state is not None and (state.task_id == request.id or request.id in state.handled)
@@ -463,7 +460,7 @@ class Team:
         send, receive = anyio.create_memory_object_stream[ProgressBody | TaskResult | Exception](
             math.inf
         )
-        self._progress[request.id] = send
+        self._lead.streams[request.id] = send
 
         async def ask() -> None:
             async with send:
@@ -475,7 +472,7 @@ class Team:
                 except Exception as exc:  # handed to the consumer, raised from its iterator
                     await send.send(exc)
                 finally:
-                    self._progress.pop(request.id, None)
+                    self._lead.streams.pop(request.id, None)
 
         async def events() -> AsyncIterator[ProgressBody | TaskResult]:
             async for item in receive:
@@ -774,7 +771,12 @@ class Team:
         status, policy = self.status[teammate.name], teammate.restart
         await self.mail.open_inbox(teammate.name)  # the desk reads it
         runner = Runner(
-            self, teammate, incarnation, status, self._carried.get(teammate.name), attempts
+            self._runner_context(),
+            teammate,
+            incarnation,
+            status,
+            self._carried.get(teammate.name),
+            attempts,
         )
         try:
             crash = await self._incarnation(runner, ready)
@@ -802,6 +804,21 @@ class Team:
             status.state = "stopped"  # the team is shutting down: no new incarnation
             return True
         return False
+
+    def _runner_context(self) -> TeamContext:
+        """What an incarnation starting now takes from the team."""
+        return TeamContext(
+            mail=self.mail,
+            lead=self.lead,
+            agents=AgentDir(self.agent_dir) if self.agent_dir is not None else None,
+            prices=self.prices,
+            budget=self.budget,
+            started=self.started,
+            shutdown_deadline=self.shutdown_deadline,
+            pick=self.pick,
+            waiting=self.waiting,
+            enforce_deadline=self.enforce_deadline,
+        )
 
     def _stopped_by(self, runner: Runner, outage: StoreOutage) -> None:
         """The stop report of an incarnation that outlasted the store's outage tolerance: its
