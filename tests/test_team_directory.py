@@ -26,7 +26,7 @@ SPELLED = (".state.jsonl", ".state.prev.jsonl", ".transcript.jsonl", "team.json"
 #: may spell them: the owner itself, and the stores (the roster is the file store's own file)
 OWNERS = ("teamdir.py", "mail/")
 #: spell a path of the layout until they are pointed at teamrt.teamdir (owned elsewhere)
-PENDING = ("agents/loop.py", "evals/targets.py", "conductor/conductor.py", "demos/conductor.py")
+PENDING = ("agents/loop.py",)
 BELOW = {"teamrt.names", "teamrt.errors", "teamrt.private_files"}
 
 

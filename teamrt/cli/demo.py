@@ -21,6 +21,7 @@ import anyio
 from teamrt.demos.workspace import claim
 from teamrt.envelopes import Envelope, Request
 from teamrt.mail import FileMailboxes, open_view
+from teamrt.teamdir import TeamDir
 
 TEAM = "exchange"
 NOTES = [
@@ -117,7 +118,7 @@ async def service_demo(root: Path, model: str = "offline", store: str | None = N
     await real.check_environment(model)
     directory = Path(os.environ.get("TEAMRT_SERVICE_DIR", root / "service"))
     what = "the team in team/, the writer's scratch/"
-    with claim(directory, "service", what=what), scratch_in(directory / "scratch") as scratch:
+    with claim(directory, "service", what=what), scratch_in(TeamDir(directory).scratch) as scratch:
         (scratch / DOCUMENT).unlink(missing_ok=True)  # a TEAMRT_DEMO_SCRATCH of an earlier run
         if store is not None:
             await real.fresh_team(store)  # the demo's own inboxes from an earlier run
@@ -144,7 +145,8 @@ async def _serve_once(directory: Path, model: str, store: str | None) -> int:
             print(f"{response.status_code} {body}")
             print(f"GET /status -> {(await client.get('/status')).json()}")
     print("the app stopped, and its team shut down with it\n")
-    found = real.print_reports(store or directory / "team", members, directory / "team" / "agents")
+    team = TeamDir(directory / "team")
+    found = real.print_reports(store or team.path, members, team.agents.path)
     shown = f"'{store}'" if store is not None else directory / "team"
     print(f"Everything is in {directory}/; replay the run:  teamrt replay {shown}")
     failure = real.first_failure(found, members)

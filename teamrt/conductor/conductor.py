@@ -44,6 +44,7 @@ from teamrt.envelopes import Envelope
 from teamrt.errors import LimitExceeded, RemoteError, RequestTimeout, TeammateGone, UsageError
 from teamrt.models.base import Model
 from teamrt.team import TaskResult, Team
+from teamrt.teamdir import TeamDir
 
 log = logging.getLogger("teamrt.conductor")
 
@@ -136,7 +137,7 @@ class Conductor:
         self.human = human
         self.escalation_timeout = escalation_timeout
         self.state_path = (
-            Path(state_path) if state_path else self.workdir / "conductor" / ("state.json")
+            Path(state_path) if state_path else TeamDir(self.workdir).conductor_state
         )
         self.state: ConductorState | None = None
         self.on_decision = on_decision  # e.g. to show progress as the run goes

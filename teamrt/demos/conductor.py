@@ -33,6 +33,7 @@ from teamrt.mail import open_mailboxes
 from teamrt.models import ChatMessage, ModelReply, ToolSpec, call
 from teamrt.private_files import write_private
 from teamrt.team import IDLE, IdleBody, Team, Teammate
+from teamrt.teamdir import TeamDir
 
 PYTEST = f"{sys.executable} -m pytest -q -p no:cacheprovider"
 
@@ -197,7 +198,7 @@ async def run(root: Path, model: str = "offline", store: str | None = None) -> i
 
 async def _run(team_dir: Path, model: str, store: str | None) -> int:
     workdir = team_dir / "work"
-    state_path = team_dir / "conductor" / "state.json"
+    state_path = TeamDir(team_dir).conductor_state
     for path, text in SCAFFOLD.items():
         write_private(workdir / path, text)
     where = store or str(team_dir)
@@ -208,7 +209,7 @@ async def _run(team_dir: Path, model: str, store: str | None) -> int:
     try:
         async with (
             open_mailboxes(where) as mail,
-            Team(mail, builders(workdir, model), agent_dir=team_dir / "agents") as team,
+            Team(mail, builders(workdir, model), agent_dir=TeamDir(team_dir).agents.path) as team,
         ):
             with _quiet_escalations(), anyio.CancelScope() as scope:
 
@@ -251,7 +252,7 @@ async def _run(team_dir: Path, model: str, store: str | None) -> int:
             tail = " ".join(d.evidence.tail.split())[-160:] if d.evidence else ""
             print(f"evidence for step {d.step} ({d.subtask}): {tail}")
     print()
-    found = real.print_reports(where, BUILDERS, team_dir / "agents")
+    found = real.print_reports(where, BUILDERS, TeamDir(team_dir).agents.path)
     print(f"\ndecisions with evidence: {state_path}")
     shown = f"'{where}'" if store is not None else where
     print(f"everything is in:       {team_dir}/ (the package in {workdir}/)")

@@ -36,6 +36,7 @@ from teamrt.models import ChatMessage, ModelReply, ToolSpec, call, calls
 from teamrt.private_files import write_private
 from teamrt.replay import timeline
 from teamrt.team import TaskResult, Team, Teammate
+from teamrt.teamdir import TeamDir
 
 NOTES = Path(__file__).with_name("notes")
 TEAM = "research-writer"
@@ -56,7 +57,7 @@ def scratch_dir() -> Path:
     chosen = os.environ.get(SCRATCH_VARIABLE)
     if chosen:
         return Path(chosen)
-    return _SCRATCH.get() or Path("mailboxes", TEAM, "scratch")
+    return _SCRATCH.get() or TeamDir(Path("mailboxes", TEAM)).scratch
 
 
 @contextmanager
@@ -236,7 +237,8 @@ async def run(
     what = "the team's agents/ journals and the writer's scratch/"
     if store is None:
         what = "the team's inboxes/, " + what
-    with claim(team_dir, "research-writer", what=what), scratch_in(team_dir / "scratch") as scratch:
+    layout = TeamDir(team_dir)
+    with claim(team_dir, "research-writer", what=what), scratch_in(layout.scratch) as scratch:
         (scratch / DOCUMENT).unlink(missing_ok=True)  # a TEAMRT_DEMO_SCRATCH of an earlier run
         if store is not None:
             await real.fresh_team(store)  # the demo's own inboxes from an earlier run
@@ -246,6 +248,7 @@ async def run(
 async def _run(team_dir: Path, store: str | None, model: str, live: bool, two_process: bool) -> int:
     from teamrt.cli.live import live_view
 
+    layout = TeamDir(team_dir)
     local = teammates(model)
     remote: list[str] = []
     result: TaskResult | None = None
@@ -253,12 +256,12 @@ async def _run(team_dir: Path, store: str | None, model: str, live: bool, two_pr
     code = 0
     where = store or str(team_dir)
     async with open_mailboxes(where, members=["lead", "researcher", "writer"]) as mail:
-        child = await _start_writer(where, team_dir / "agents", model) if two_process else None
+        child = await _start_writer(where, layout.agents.path, model) if two_process else None
         if child is not None:
             local, remote = local[:1], ["writer"]
         try:
             async with (
-                Team(mail, local, agent_dir=team_dir / "agents", remote=remote) as team,
+                Team(mail, local, agent_dir=layout.agents.path, remote=remote) as team,
                 anyio.create_task_group() as tg,
             ):
                 if live:
@@ -274,7 +277,7 @@ async def _run(team_dir: Path, store: str | None, model: str, live: bool, two_pr
     if result is not None:
         print(f"\nresearcher's answer: {result.answer}")
     print()
-    found = real.print_reports(where, ["researcher", "writer"], team_dir / "agents")
+    found = real.print_reports(where, ["researcher", "writer"], layout.agents.path)
     _print_timeline(where)
     document = _print_where(team_dir, store)
     failure = failure or real.first_failure(found, ["researcher", "writer"])

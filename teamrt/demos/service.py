@@ -39,6 +39,7 @@ from teamrt.demos.research_writer import TASK, teammates
 from teamrt.errors import RemoteError, RequestTimeout, TeamrtError
 from teamrt.mail import open_mailboxes
 from teamrt.team import BUSY, EXPIRED, TaskResult, Team, Teammate
+from teamrt.teamdir import TeamDir
 
 T = TypeVar("T")
 #: The status of an answer nobody receives (the client closed the connection), as nginx logs it.
@@ -82,7 +83,7 @@ def create_app(
         where = store() or str(root / "team")
         async with (
             open_mailboxes(where, members=["lead"]) as mail,
-            Team(mail, make_teammates(), agent_dir=root / "team" / "agents") as team,
+            Team(mail, make_teammates(), agent_dir=TeamDir(root / "team").agents.path) as team,
         ):
             app.state.team = team
             yield

@@ -37,6 +37,7 @@ from teamrt.models.base import Model
 from teamrt.private_files import make_dirs
 from teamrt.specs import load_object
 from teamrt.team import TaskResult, Team, Teammate
+from teamrt.teamdir import TeamDir
 
 
 class Outcome(BaseModel):
@@ -153,7 +154,7 @@ class TeamTarget:
         roster = ["lead", *(t.name for t in teammates)]
         async with (
             open_mailboxes(directory, members=roster) as mail,
-            Team(mail, teammates, agent_dir=directory / "agents") as team,
+            Team(mail, teammates, agent_dir=TeamDir(directory).agents.path) as team,
         ):
             return Outcome.of(await team.ask(member, case.input, timeout=timeout))
 
@@ -163,7 +164,7 @@ def _clear_run(directory: Path) -> None:
     there (it is the user's: `--runs .` and a case named like one of their folders)."""
     if not os.path.lexists(directory):
         return
-    if directory.is_symlink() or not (directory / "team.json").is_file():
+    if directory.is_symlink() or not TeamDir(directory).roster.is_file():
         raise UsageError(
             f"--runs: {directory} is there and is not a team directory (of an earlier eval); "
             "it is left alone: move it, or give --runs another directory"
