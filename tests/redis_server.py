@@ -93,7 +93,8 @@ class RedisServer:
         return f"redis://{credentials}127.0.0.1:{self.port}/0?team={team}"
 
     def start(self) -> None:
-        assert self.program is not None
+        if self.program is None:  # a test that starts its own server skips, as needs_redis does
+            pytest.skip("redis-server is not installed (apt-get install redis-server)")
         assert self.process is None
         self.directory.mkdir(parents=True, exist_ok=True)
         options = {
