@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from teamrt.agents.journal import _encode, _encode_plainly
-from tests.hypothesis_profiles import examples
+from tests.support.hypothesis_profiles import examples
 
 _scalars = (
     st.none()

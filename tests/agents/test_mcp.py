@@ -1,5 +1,5 @@
-"""MCP tools: a small MCP server (tests/mcp_server.py) over stdio and streamable HTTP, called by
-a scripted model through an agent and a teammate: results, a tool error, bad arguments, a
+"""MCP tools: a small MCP server (tests/support/mcp_server.py) over stdio and streamable HTTP,
+called by a scripted model through an agent and a teammate: results, a tool error, bad arguments, a
 timeout, a server killed mid-run, a server that cannot start, the approval gate, and a fresh
 server for each incarnation."""
 
@@ -31,11 +31,12 @@ from teamrt.models import (
     call,
 )
 from teamrt.team import CRASHED, RestartPolicy, Team, Teammate
-from tests.redis_server import free_port
+from tests.support.paths import SUPPORT
+from tests.support.redis_server import free_port
 
 pytest.importorskip("mcp")  # teamrt[mcp]
 
-SERVER = str(Path(__file__).parent / "mcp_server.py")
+SERVER = str(SUPPORT / "mcp_server.py")
 
 
 def stdio(**options: object) -> MCPTools:
@@ -47,7 +48,8 @@ def results(messages: Sequence[ChatMessage]) -> list[str]:
 
 
 class HTTPServer:
-    """tests/mcp_server.py over streamable HTTP on a free port of 127.0.0.1, with a token."""
+    """tests/support/mcp_server.py over streamable HTTP on a free port of 127.0.0.1, with a
+    token."""
 
     def __init__(self) -> None:
         self.port = free_port()

@@ -14,7 +14,7 @@ from teamrt import FileMailboxes, MemoryMailboxes, RemoteError
 from teamrt.agents import Agent, RunReport, ToolCallFinished, ToolCallStarted, tool
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, TextDelta, ToolSpec, call
 from teamrt.team import ProgressBody, TaskResult, Team, Teammate
-from tests.remote import exit_code, run_agent, until_running
+from tests.support.remote import exit_code, run_agent, until_running
 
 
 @tool

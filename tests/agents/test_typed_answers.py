@@ -36,11 +36,12 @@ from teamrt.models import (
 from teamrt.rerun import rerun
 from teamrt.team import RESULT, RestartPolicy, TaskResult, Team, Teammate
 from teamrt.team.team import typed_answer
-from tests.fake_openai import FakeOpenAI, chat_chunks, chat_reply, responses_reply
-from tests.remote import exit_code, run_agent, until_running
-from tests.typed_specs import Invoice, lookup, typed_clerk, typed_clerk_structured
+from tests.support.fake_openai import FakeOpenAI, chat_chunks, chat_reply, responses_reply
+from tests.support.paths import ROOT
+from tests.support.remote import exit_code, run_agent, until_running
+from tests.support.typed_specs import Invoice, lookup, typed_clerk, typed_clerk_structured
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "typed_answers.py"
+EXAMPLE = ROOT / "examples" / "typed_answers.py"
 
 
 @dataclass
@@ -379,7 +380,7 @@ def test_teamrt_rerun_of_a_typed_teammate_with_a_round_of_mail_is_the_same(
 
     anyio.run(record)
     argv = ["rerun", str(tmp_path / "t"), "--agent", "clerk", "--spec"]
-    assert main([*argv, f"tests.typed_specs:{spec}"]) == 0
+    assert main([*argv, f"tests.support.typed_specs:{spec}"]) == 0
     if spec == "typed_clerk":  # without the type, final_answer is an unknown tool: it differs
         untyped = anyio.run(rerun, tmp_path / "t" / "agents", "clerk", [lookup], "")
         assert untyped[1] is not None and "UnknownTool" in str(untyped[1])

@@ -5,7 +5,8 @@ the time, each give every record up to the point where they stop, with no hole.
 Each copy is checked dense: in every inbox, every seq from 0 to the highest it holds; for every
 writer (each sends to one inbox, one envelope at a time), every count from 0 to the highest.
 
-The writers are this file run as a program: `python tests/test_live_copies.py LOCATOR NAME TO DIR`.
+The writers are this file run as a program:
+`python tests/cli/test_live_copies.py LOCATOR NAME TO DIR`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from teamrt.errors import StoreCorrupt
 from teamrt.mail import open_mailboxes, open_view
 from teamrt.mail.filestore import FileMailboxes, InboxPaths
 from teamrt.mail.filestore.view import FileView
-from tests.redis_server import RedisServer, needs_redis, shared_redis
+from tests.support.paths import ROOT
+from tests.support.redis_server import RedisServer, needs_redis, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
 
@@ -40,7 +42,7 @@ MEMBERS = (*INBOXES, *WRITERS)
 SEGMENT = 16 << 10
 PAD = "x" * 500  # a body the replay page shows whole (600 characters)
 #: the writer processes import `tests` too, which a script run by its path does not find
-WRITER_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+WRITER_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 #: (inbox, seq, sender, count): one record of a copy (seq None where the format shows none)
 Row = tuple[str, int | None, str, int]

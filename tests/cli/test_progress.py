@@ -25,8 +25,9 @@ from teamrt.cli.progress import Progress, _bytes, on_terminal
 from teamrt.cli.replay import _counted, run_replay
 from teamrt.mail import open_view
 from teamrt.replay import Filter, timeline
+from tests.support.paths import SAMPLES
 
-SAMPLE = Path(__file__).parent.parent / "mailboxes" / "samples" / "research-writer"
+SAMPLE = SAMPLES / "research-writer"
 # control characters other than a newline: what a terminal would act on
 CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f]")
 

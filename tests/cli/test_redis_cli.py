@@ -17,7 +17,7 @@ import pytest
 
 from teamrt import Envelope
 from teamrt.mail import open_mailboxes
-from tests.redis_server import RedisServer, needs_redis, redis_server
+from tests.support.redis_server import RedisServer, needs_redis, redis_server
 
 __all__ = ["redis_server"]  # the fixture
 

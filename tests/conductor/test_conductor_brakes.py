@@ -38,6 +38,7 @@ from teamrt.errors import LimitExceeded, UsageError
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ScriptedModel, ToolSpec, call
 from teamrt.models.offline import reply
 from teamrt.team import RestartPolicy, Team, TeamBudget, Teammate
+from tests.support.paths import ROOT
 
 PY = sys.executable
 POLICY = Policy.prefixes(f"{PY} -c")
@@ -613,7 +614,6 @@ async def test_a_hung_worker_in_another_process_is_passed_over_for_a_free_one(
     """`slow` runs in a `teamrt run-agent` process and hangs: its subtask goes to the free
     in-process worker. (`Team.cancel` cannot reach another process: nothing is cancelled.)"""
     team_dir = tmp_path / "team"
-    root = Path(__file__).resolve().parent.parent
     async with (
         FileMailboxes(team_dir, members=["slow"]) as mail,
         Team(mail, [worker("free", tmp_path)], remote=["slow"], shutdown_deadline=0.5) as team,
@@ -628,9 +628,9 @@ async def test_a_hung_worker_in_another_process_is_passed_over_for_a_free_one(
                 "--name",
                 "slow",
                 "--spec",
-                "tests.conductor_procs:hanger",
+                "tests.support.conductor_procs:hanger",
             ],
-            cwd=root,
+            cwd=ROOT,
         )
         try:
             assert process.stdout is not None

@@ -1,5 +1,5 @@
 """Every demo with `--model openai`, over real HTTP, against a server the tests start on
-127.0.0.1 whose answers come from the demos' own offline brains (tests/brain_server.py).
+127.0.0.1 whose answers come from the demos' own offline brains (tests/support/brain_server.py).
 
 The demos run as the user runs them (`python -m teamrt demo ...`, child processes included), so
 what is checked is what a user sees: every agent's stop report on standard output, and for a
@@ -31,7 +31,7 @@ from teamrt.models import (
     allow_model_requests,
     call,
 )
-from tests.brain_server import Brain, BrainServer, Refuse
+from tests.support.brain_server import Brain, BrainServer, Refuse
 
 RESEARCH_ROUTES = [
     (RESEARCHER, research_writer.researcher_brain),

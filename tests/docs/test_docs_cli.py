@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import re
-from pathlib import Path
 
 from teamrt.cli.main import build_parser
+from tests.support.paths import ROOT
 
-PAGE = (Path(__file__).parent.parent / "docs" / "reference" / "cli.md").read_text()
-HOOK = Path(__file__).parent.parent / "docs" / "hooks" / "cli_reference.py"
+PAGE = (ROOT / "docs" / "reference" / "cli.md").read_text()
+HOOK = ROOT / "docs" / "hooks" / "cli_reference.py"
 _spec = importlib.util.spec_from_file_location("cli_reference", HOOK)
 assert _spec and _spec.loader
 cli_reference = importlib.util.module_from_spec(_spec)  # the site's hook, as MkDocs loads it

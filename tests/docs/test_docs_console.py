@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs_programs import DOCS, run, scratch
+from tests.support.docs_programs import DOCS, run, scratch
 
 CONSOLE = re.compile(r"^```console\n(.*?)^```", re.S | re.M)
 

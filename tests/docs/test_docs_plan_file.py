@@ -17,8 +17,8 @@ from teamrt.conductor.plan import Subtask
 from teamrt.demos import conductor as demo
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec
 from teamrt.team import Team, Teammate
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).parent.parent
 PLAN = ROOT / "examples" / "plan.json"
 PAGE = (ROOT / "docs" / "how-to" / "conductor.md").read_text()
 

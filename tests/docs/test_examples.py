@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs_programs import DOCS, EXAMPLES, run, scratch
-from tests.fake_openai import FakeOpenAI, chat_reply
-from tests.redis_server import RedisServer, redis_server
+from tests.support.docs_programs import DOCS, EXAMPLES, run, scratch
+from tests.support.fake_openai import FakeOpenAI, chat_reply
+from tests.support.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]  # the fixture
 

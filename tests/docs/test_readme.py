@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from teamrt.cli.main import build_parser
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
 
 

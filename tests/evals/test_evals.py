@@ -33,7 +33,8 @@ from teamrt.evals.checks import parse_verdict
 from teamrt.evals.compare import format_comparison
 from teamrt.models import FunctionModel, ScriptedModel, call
 from teamrt.team import Team, Teammate
-from tests import eval_targets
+from tests.support import eval_targets
+from tests.support.paths import ROOT
 
 CASES = [
     {"id": "france", "input": "What is the capital of France?",
@@ -43,6 +44,9 @@ CASES = [
     {"id": "germany", "input": "What is the capital of Germany?",
      "checks": [{"kind": "contains", "text": "Berlin"}, {"kind": "contains", "text": "Germany"}]},
 ]  # fmt: skip
+
+#: the module `--target` and `--judge` name (MODULE:NAME)
+TARGETS = eval_targets.__name__
 
 
 def _write(path: Path, cases: list[dict[str, Any]]) -> Path:
@@ -72,7 +76,7 @@ def test_two_cases_pass_and_one_fails(tmp_path: Path, capsys: pytest.CaptureFixt
     cases = _write(tmp_path / "cases.jsonl", CASES)
     report_path, page = tmp_path / "run.json", tmp_path / "run.html"
     code = main(
-        ["eval", str(cases), "--target", "tests.eval_targets:agent", "--json", str(report_path),
+        ["eval", str(cases), "--target", f"{TARGETS}:agent", "--json", str(report_path),
          "--html", str(page), "--concurrency", "2"]
     )  # fmt: skip
     assert code == 1  # a case failed: CI sees it
@@ -82,7 +86,7 @@ def test_two_cases_pass_and_one_fails(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "2/3 cases passed, 1 failed; score 0.83" in out
 
     report = json.loads(report_path.read_text())
-    assert report["format"] == "teamrt-eval" and report["target"] == "tests.eval_targets:agent"
+    assert report["format"] == "teamrt-eval" and report["target"] == f"{TARGETS}:agent"
     assert report["summary"] == {
         "cases": 3, "passed": 2, "failed": 1, "errors": 0, "score": 0.8333,
         "tokens": 45, "cost": pytest.approx(3 * (10 * 1.0 + 5 * 2.0) / 1e6), "judge_tokens": 0,
@@ -105,7 +109,7 @@ def test_two_cases_pass_and_one_fails(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_every_case_passing_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cases = _write(tmp_path / "cases.jsonl", CASES[:2])
-    assert main(["eval", str(cases), "--target", "tests.eval_targets:agent"]) == 0
+    assert main(["eval", str(cases), "--target", f"{TARGETS}:agent"]) == 0
     assert "2/2 cases passed, 0 failed; score 1.00" in capsys.readouterr().out
 
 
@@ -288,8 +292,8 @@ def test_a_judge_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFix
     judged = [{**c, "checks": [{"kind": "judge", "rubric": "Names the right capital."}]}
               for c in (CASES[0], CASES[2])]  # fmt: skip
     cases = _write(tmp_path / "cases.jsonl", judged)
-    args = ["eval", str(cases), "--target", "tests.eval_targets:agent"]
-    assert main([*args, "--judge", "tests.eval_targets:judge"]) == 1
+    args = ["eval", str(cases), "--target", f"{TARGETS}:agent"]
+    assert main([*args, "--judge", f"{TARGETS}:judge"]) == 1
     out = capsys.readouterr().out
     assert "PASS   france" in out
     assert (
@@ -308,8 +312,8 @@ def test_comparing_two_runs_case_by_case(
 ) -> None:
     cases = _write(tmp_path / "cases.jsonl", CASES)
     before, after = tmp_path / "before.json", tmp_path / "after.json"
-    main(["eval", str(cases), "--target", "tests.eval_targets:agent", "--json", str(before)])
-    main(["eval", str(cases), "--target", "tests.eval_targets:better_agent", "--json", str(after)])
+    main(["eval", str(cases), "--target", f"{TARGETS}:agent", "--json", str(before)])
+    main(["eval", str(cases), "--target", f"{TARGETS}:better_agent", "--json", str(after)])
     capsys.readouterr()
 
     changes = tmp_path / "changes.json"
@@ -462,7 +466,7 @@ def test_a_malformed_cases_file_is_one_line(
     path.write_text(content)
     with pytest.raises(CaseError):
         load_cases(path)
-    assert main(["eval", str(path), "--target", "tests.eval_targets:agent"]) == 2
+    assert main(["eval", str(path), "--target", f"{TARGETS}:agent"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"teamrt eval: {tmp_path}/{message}"), err
     assert len(err.splitlines()) == 1
@@ -474,16 +478,16 @@ def test_a_malformed_cases_file_is_one_line(
         (["eval"], "give a cases file"),
         (["eval", "CASES"], "--target module:object is required"),
         (["eval", "CASES", "--target", "nosuchmodule:x"], "no module named 'nosuchmodule'"),
-        (["eval", "CASES", "--target", "tests.eval_targets:nothing"], "has no 'nothing'"),
-        (["eval", "CASES", "--target", "tests.eval_targets:ANSWERS"], "is a dict"),
-        (["eval", "CASES", "--target", "tests.eval_targets:agent",
-          "--judge", "tests.eval_targets:ANSWERS"], "is a dict, not a model"),
-        (["eval", "missing.jsonl", "--target", "tests.eval_targets:agent"], "no such file"),
+        (["eval", "CASES", "--target", f"{TARGETS}:nothing"], "has no 'nothing'"),
+        (["eval", "CASES", "--target", f"{TARGETS}:ANSWERS"], "is a dict"),
+        (["eval", "CASES", "--target", f"{TARGETS}:agent",
+          "--judge", f"{TARGETS}:ANSWERS"], "is a dict, not a model"),
+        (["eval", "missing.jsonl", "--target", f"{TARGETS}:agent"], "no such file"),
         (["eval", "--compare", "a.json", "b.json", "--html", "x.html"],
          "--html cannot be used with --compare"),
         (["eval", "--from-run", "run", "--target", "x:y"],
          "--target cannot be used with --from-run"),
-        (["eval", "CASES", "--target", "tests.eval_targets:agent", "--json", "nodir/x.json"],
+        (["eval", "CASES", "--target", f"{TARGETS}:agent", "--json", "nodir/x.json"],
          "there is no directory nodir"),
     ],
 )  # fmt: skip
@@ -495,7 +499,7 @@ def test_command_line_mistakes_are_one_line(
     message: str,
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent))
+    monkeypatch.syspath_prepend(str(ROOT))
     _write(tmp_path / "CASES", CASES[:1])
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -518,7 +522,7 @@ def test_the_page_escapes_what_the_cases_hold(tmp_path: Path) -> None:
 
 
 def test_the_docs_cases_are_accepted_and_their_command_check_works(tmp_path: Path) -> None:
-    page = (Path(__file__).parent.parent / "docs" / "how-to" / "evals.md").read_text()
+    page = (ROOT / "docs" / "how-to" / "evals.md").read_text()
     rest = page[page.index("A cases file is JSON Lines") :]
     block = rest[rest.index("```json\n") + 8 : rest.index("\n```", rest.index("```json\n"))]
     cases = load_cases(_write_text(tmp_path / "cases.jsonl", block + "\n"))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from teamrt import Envelope, FileMailboxes
 from teamrt.mail.filestore import read_cursor
 from teamrt.mail.log import AckTracker, Cursor
-from tests.hypothesis_profiles import examples
+from tests.support.hypothesis_profiles import examples
 
 MEMBERS = ("lead", "worker")
 

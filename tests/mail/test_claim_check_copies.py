@@ -14,8 +14,8 @@ from teamrt.mail import FileMailboxes, Mailboxes, export_team, open_view, repair
 from teamrt.mail.filestore.blobs import blob_digests, blob_path
 from teamrt.mail.redisstore import RedisStore
 from teamrt.replay import timeline
-from tests.redis_server import RedisServer, needs_redis, shared_redis
-from tests.test_claim_checks import MiB, payload
+from tests.mail.test_claim_checks import MiB, payload
+from tests.support.redis_server import RedisServer, needs_redis, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
 

@@ -24,8 +24,8 @@ from teamrt.mail.redisstore import RedisStore
 from teamrt.models import FunctionModel
 from teamrt.models.base import ChatMessage, ToolSpec
 from teamrt.team import Team, Teammate
-from tests.redis_server import REDIS_SERVER, RedisServer, shared_redis
-from tests.remote import exit_code, run_agent, until_running
+from tests.support.redis_server import REDIS_SERVER, RedisServer, shared_redis
+from tests.support.remote import exit_code, run_agent, until_running
 
 __all__ = ["shared_redis"]  # the fixture
 
@@ -246,7 +246,7 @@ async def test_a_blob_of_a_signed_team_is_vouched_for_by_the_signature(tmp_path:
 
 
 def _sized(size: int) -> str:
-    """What tests/claim_specs.py's `sizer` answers to "answer SIZE"."""
+    """What tests/support/claim_specs.py's `sizer` answers to "answer SIZE"."""
     return "".join(chr(ord("a") + i % 26) for i in range(26)) * (size // 26) + "z" * (size % 26)
 
 

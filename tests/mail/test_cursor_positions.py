@@ -22,7 +22,7 @@ from teamrt.mail.filestore import read_cursor
 from teamrt.mail.filestore.framing import encode_slot
 from teamrt.mail.redisstore import parse_locator
 from teamrt.mail.redisstore.keys import TeamKeys
-from tests.redis_server import RedisServer, shared_redis
+from tests.support.redis_server import RedisServer, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
 

@@ -30,18 +30,17 @@ from teamrt.mail.redisstore.keys import TeamKeys
 from teamrt.mail.store import LeaseRecord
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolCall, ToolSpec, call
 from teamrt.team import Team, Teammate
-from tests.fencing_procs import task_of
-from tests.redis_server import RedisServer, needs_redis, redis_server, shared_redis
+from tests.support.fencing_procs import task_of
+from tests.support.paths import ROOT
+from tests.support.redis_server import RedisServer, needs_redis, redis_server, shared_redis
 
 __all__ = ["redis_server", "shared_redis"]  # the fixtures
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _child(*args: str) -> subprocess.Popen[bytes]:
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.fencing_procs", *args],
+        [sys.executable, "-m", "tests.support.fencing_procs", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         cwd=ROOT,

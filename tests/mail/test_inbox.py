@@ -64,7 +64,8 @@ from teamrt.mail.inbox import Inbox, InboxStatistics
 from teamrt.mail.log import decode_line, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.memory import MemoryStore
-from tests.redis_server import RedisServer, shared_redis
+from tests.support.paths import ROOT
+from tests.support.redis_server import RedisServer, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
 
@@ -1512,7 +1513,7 @@ async def test_the_short_encoding_refuses_what_the_batched_one_refuses(tmp_path:
 def _spawn(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, __file__, *args],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -30,8 +30,8 @@ from teamrt.mail.memory import MemoryStore
 from teamrt.replay import Event, Filter, Summary, timeline
 from teamrt.replay.timeline import _event, _event_checked
 from teamrt.testing.conformance import StoreHarness
-from tests.hypothesis_profiles import examples
-from tests.redis_server import REDIS_SERVER, RedisServer, shared_redis
+from tests.support.hypothesis_profiles import examples
+from tests.support.redis_server import REDIS_SERVER, RedisServer, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
 

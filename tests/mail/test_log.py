@@ -23,7 +23,7 @@ from teamrt.mail.log import (
     stamp,
     stamp_many,
 )
-from tests.hypothesis_profiles import examples
+from tests.support.hypothesis_profiles import examples
 
 TEAM = b"team"
 

@@ -53,7 +53,8 @@ from teamrt.mail.inbox import Inbox
 from teamrt.mail.log import decode_line, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from tests.conftest import spans_in_memory as _telemetry
-from tests.redis_server import RedisServer, shared_redis
+from tests.support.paths import ROOT
+from tests.support.redis_server import RedisServer, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
 
@@ -302,7 +303,7 @@ def test_ids_from_a_fork_and_another_process_at_one_microsecond_differ(tmp_path:
     other = (
         subprocess.run(
             [sys.executable, "-c", code],
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
             capture_output=True,
             check=True,
             timeout=60,
@@ -809,7 +810,7 @@ def test_a_response_to_a_request_with_a_hostile_name_builds_what_pydantic_builds
 def _spawn(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, __file__, *args],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -20,8 +20,8 @@ from teamrt.mail.filestore.store import FileStore
 from teamrt.mail.log import decode_line, stamp
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.memory import MemoryStore
-from tests.hypothesis_profiles import examples
-from tests.redis_server import RedisServer, shared_redis
+from tests.support.hypothesis_profiles import examples
+from tests.support.redis_server import RedisServer, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
 

@@ -15,7 +15,7 @@ from teamrt.errors import ModelError
 from teamrt.models import ChatMessage, ModelReply, OpenAIModel, ToolSpec, allow_model_requests
 from teamrt.models.openai_stream import ChatStream, ResponsesStream
 from teamrt.models.openai_wire import parse_chat, parse_responses
-from tests.fake_openai import (
+from tests.support.fake_openai import (
     Cut,
     FakeOpenAI,
     StreamItem,

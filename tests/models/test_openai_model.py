@@ -12,7 +12,7 @@ import pytest
 from teamrt.agents import Agent, tool
 from teamrt.errors import MissingAPIKey, ModelError, ModelRequestsBlocked, ModelTimeout
 from teamrt.models import ChatMessage, OpenAIModel, ToolSpec, allow_model_requests
-from tests.fake_openai import FakeOpenAI, chat_reply, error_body, responses_reply
+from tests.support.fake_openai import FakeOpenAI, chat_reply, error_body, responses_reply
 
 TOOLS = [
     ToolSpec(

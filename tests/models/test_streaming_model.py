@@ -21,7 +21,7 @@ from teamrt.models import (
     allow_model_requests,
     call,
 )
-from tests.fake_openai import (
+from tests.support.fake_openai import (
     Cut,
     FakeOpenAI,
     StreamItem,

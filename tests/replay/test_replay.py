@@ -20,10 +20,11 @@ from teamrt.cli.replay import parse_time, run_replay
 from teamrt.mail.log import encode, stamp
 from teamrt.replay import Event, Filter, Summary, timeline
 from teamrt.replay.timeline import _event, _event_checked
-from tests.hypothesis_profiles import examples
+from tests.support.hypothesis_profiles import examples
+from tests.support.paths import SAMPLES
 from tests.test_codec import mutated_lines
 
-SAMPLE = Path(__file__).parent.parent / "mailboxes" / "samples" / "research-writer"
+SAMPLE = SAMPLES / "research-writer"
 T0 = 1_800_000_000.0
 
 

@@ -26,6 +26,7 @@ from teamrt.mail.log import encode, stamp
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.replay import Filter, timeline
 from teamrt.team import Team, Teammate
+from tests.support.paths import SAMPLES
 
 MEMBERS = ["lead", "writer", "breaker", "sleeper", "conductor", "human"]
 
@@ -302,7 +303,7 @@ def test_a_body_cannot_break_out_of_the_page(tmp_path: Path) -> None:
 
 
 def test_decisions_sit_at_the_envelopes_that_carried_them_out() -> None:
-    sample = Path(__file__).parent.parent / "mailboxes" / "samples" / "conductor-team"
+    sample = SAMPLES / "conductor-team"
     events = list(timeline(sample, agent_files=True))
     for i, e in enumerate(events):
         if e.kind == "decision" and e.type == "assign":

@@ -1,5 +1,5 @@
 """Teammates for the conductor's process tests, run with `teamrt run-agent DIR --name NAME
---spec tests.conductor_procs:OBJECT` from the repository's root.
+--spec tests.support.conductor_procs:OBJECT` from the repository's root.
 
 `hanger`: takes any task and hangs in its tool, for good (a worker that never answers).
 """

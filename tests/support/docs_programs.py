@@ -11,7 +11,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 EXAMPLES = ROOT / "examples"
 DOCS = ROOT / "docs"
 

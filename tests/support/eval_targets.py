@@ -1,4 +1,4 @@
-"""Targets and judges for `teamrt eval --target tests.eval_targets:NAME` in the eval tests:
+"""Targets and judges for `teamrt eval --target tests.support.eval_targets:NAME` in the eval tests:
 offline models that answer from a small table, so that each case's outcome is known."""
 
 from __future__ import annotations
@@ -89,5 +89,5 @@ def _judge(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelR
 
 
 def judge() -> FunctionModel:
-    """The judge for `--judge tests.eval_targets:judge`."""
+    """The judge for `--judge tests.support.eval_targets:judge`."""
     return FunctionModel(_judge, name="judge")

@@ -1,4 +1,4 @@
-"""Child processes for the fencing tests: `python -m tests.fencing_procs MODE URL OUT`.
+"""Child processes for the fencing tests: `python -m tests.support.fencing_procs MODE URL OUT`.
 
 consumer: owns `worker`'s inbox and writes the id of every envelope it hands its application
 to OUT (one a line), acking each; prints `holding` once it owns the inbox and `lost` when it

@@ -1,7 +1,7 @@
 """Child processes for the lead's tests: a lead that asks and is killed, a flood of mail.
 
-    python tests/lead_procs.py flood TEAM N         send N messages to the lead, then exit
-    python tests/lead_procs.py ask TEAM OUT [KEY]    a lead that asks the remote w, writes OUT
+    python tests/support/lead_procs.py flood TEAM N       send N messages to the lead, then exit
+    python tests/support/lead_procs.py ask TEAM OUT [KEY]  a lead that asks the remote w, writes OUT
 
 TEAM is a team directory or a store URL (redis://...).
 """

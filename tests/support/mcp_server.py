@@ -1,7 +1,7 @@
 """A small MCP server for the tests, built with the SDK's `MCPServer` (once `FastMCP`).
 
-    python tests/mcp_server.py                    # over stdin and stdout
-    python tests/mcp_server.py --http PORT [--token T]   # streamable HTTP on 127.0.0.1:PORT/mcp
+    python tests/support/mcp_server.py                          # over stdin and stdout
+    python tests/support/mcp_server.py --http PORT [--token T]  # streamable HTTP (127.0.0.1)
 
 Its tools add numbers, greet, fail on purpose, sleep, report the server's pid and how many
 calls it has served, echo the call id teamrt sends, and exit the process mid-call. With

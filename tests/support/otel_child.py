@@ -1,5 +1,5 @@
 """A teammate in a child process with OpenTelemetry on, recording its spans in memory and
-writing them to a file when it stops: `python tests/otel_child.py DIR OUT`."""
+writing them to a file when it stops: `python tests/support/otel_child.py DIR OUT`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from teamrt import FileMailboxes, telemetry
 from teamrt.team import Team
 
-sys.path.insert(0, str(Path(__file__).parent.parent))
-from tests.remote_specs import looker
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: tests.* imports
+from tests.support.remote_specs import looker
 
 
 async def main(directory: str, out: str) -> None:

@@ -1,4 +1,4 @@
-"""Child processes for the multi-process tests: `python tests/procs.py MODE ARGS...`.
+"""Child processes for the multi-process tests: `python tests/support/procs.py MODE ARGS...`.
 
 Each mode opens the team directory itself, as an unrelated program would.
 """

@@ -1,6 +1,6 @@
 """A private Redis Cluster for the tests: three masters on free ports of 127.0.0.1 (slots split
 by `redis-cli --cluster create`), and on demand a replica of one master. Never the system's
-service; every node is a `RedisServer` (tests/redis_server.py), stopped by its pid.
+service; every node is a `RedisServer` (tests/support/redis_server.py), stopped by its pid.
 
 `redis_cluster` gives one per test (tests fail a node over or kill it); `shared_cluster` one per
 session (each test on its own team), whose nodes count a peer as failed only after a minute, so
@@ -20,7 +20,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from tests.redis_server import REDIS_SERVER, RedisServer, free_port
+from tests.support.redis_server import REDIS_SERVER, RedisServer, free_port
 
 REDIS_CLI = shutil.which("redis-cli")
 _OPTIONS = ("--cluster-enabled", "yes")

@@ -1,5 +1,6 @@
 """`teamrt run-agent` children for the multi-process tests: start one on a spec of
-tests/remote_specs.py (or another module of this directory), wait until it runs, collect it."""
+tests/support/remote_specs.py (or another module of this directory), wait until it runs, collect
+it."""
 
 from __future__ import annotations
 
@@ -11,15 +12,17 @@ from pathlib import Path
 import anyio
 
 from teamrt import FileMailboxes
+from tests.support.paths import ROOT, SUPPORT
 
-TESTS = str(Path(__file__).parent)
+TESTS = str(SUPPORT)
 
 
 def run_agent(
     team: Path, spec: str, *extra: str, module: str = "remote_specs"
 ) -> subprocess.Popen[bytes]:
     """`teamrt run-agent TEAM --name w --spec MODULE:SPEC`, with this directory importable."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
+    path = [TESTS, str(ROOT), os.environ.get("PYTHONPATH", "")]  # ROOT: `tests.*` modules too
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     return subprocess.Popen(
         [sys.executable, "-m", "teamrt", "run-agent", str(team), "--name", "w",
          "--spec", f"{module}:{spec}", *extra],

@@ -1,4 +1,5 @@
-"""A teammate in a child process, for the kill tests: `python tests/teammate_procs.py MODE DIR OUT`.
+"""A teammate in a child process, for the kill tests:
+`python tests/support/teammate_procs.py MODE DIR OUT`.
 
 `listen`: teammate `w` wakes for every message and records each envelope id its model is shown.
 `steps`: teammate `w` works a task as six tool calls in a row; the tool records when each call

@@ -1,5 +1,5 @@
 """Typed teammates for `teamrt run-agent --spec typed_specs:NAME` and `teamrt rerun --spec
-tests.typed_specs:NAME` in tests/test_typed_answers.py."""
+tests.support.typed_specs:NAME` in tests/agents/test_typed_answers.py."""
 
 from __future__ import annotations
 
@@ -65,5 +65,5 @@ def typed_clerk_structured() -> Teammate:
     return Teammate("clerk", model, tools=[lookup], output_type=Invoice)
 
 
-#: the same as member "w", for `teamrt run-agent` (tests/remote.py names its child "w")
+#: the same as member "w", for `teamrt run-agent` (tests/support/remote.py names its child "w")
 remote_clerk = Teammate("w", FunctionModel(clerk_brain(False)), tools=[lookup], output_type=Invoice)

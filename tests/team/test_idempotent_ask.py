@@ -20,8 +20,8 @@ from teamrt.mail.redisstore import RedisStore
 from teamrt.models import ChatMessage, FunctionModel, ToolSpec
 from teamrt.team import Team, Teammate
 from teamrt.team.lead import keyed_id
-from tests.redis_server import RedisServer, needs_redis, redis_server
-from tests.test_lead_mail import kill, slow_w, spawn_lead
+from tests.support.redis_server import RedisServer, needs_redis, redis_server
+from tests.team.test_lead_mail import kill, slow_w, spawn_lead
 
 __all__ = ["redis_server"]  # the fixture
 

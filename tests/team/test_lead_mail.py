@@ -27,11 +27,12 @@ from teamrt.mail.mailboxes import Mailboxes
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.team import Team, Teammate
 from teamrt.team.lead import MAIL_BUFFERED, NO_HANDLER
-from tests.redis_server import RedisServer, shared_redis
+from tests.support.paths import SUPPORT
+from tests.support.redis_server import RedisServer, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
 
-PROCS = str(Path(__file__).with_name("lead_procs.py"))
+PROCS = str(SUPPORT / "lead_procs.py")
 MESSAGES = 1000
 
 

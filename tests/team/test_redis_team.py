@@ -15,7 +15,7 @@ from teamrt.mail.redisstore import RedisStore, parse_locator
 from teamrt.mail.redisstore.keys import TeamKeys
 from teamrt.models import FunctionModel
 from teamrt.team import Team, Teammate
-from tests.redis_server import RedisServer, needs_redis, redis_server
+from tests.support.redis_server import RedisServer, needs_redis, redis_server
 
 __all__ = ["redis_server"]  # the fixture
 pytestmark = needs_redis

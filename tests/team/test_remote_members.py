@@ -16,7 +16,7 @@ import pytest
 from teamrt import Envelope, FileMailboxes, RemoteError
 from teamrt.errors import MemberBusy, TeammateGone
 from teamrt.team import CRASHED, Team, TeamBudget
-from tests.remote import TESTS, exit_code, run_agent, until_running
+from tests.support.remote import TESTS, exit_code, run_agent, until_running
 
 
 async def test_a_remote_teammate_that_crashes_answers_reports_and_exits_non_zero(

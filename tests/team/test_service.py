@@ -12,7 +12,7 @@ from teamrt.demos import research_writer
 from teamrt.demos.service import app
 from teamrt.errors import UsageError
 from teamrt.models import allow_model_requests
-from tests.brain_server import BrainServer
+from tests.support.brain_server import BrainServer
 
 
 def test_service_asks_the_team(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,8 +23,8 @@ from teamrt.errors import StoreError, TeamKeyMismatch, UsageError
 from teamrt.mail.memory import MemoryStore
 from teamrt.mail.signing import KEY_ENV, fingerprint
 from teamrt.team import Team
-from tests.redis_server import REDIS_SERVER, RedisServer, shared_redis
-from tests.remote import TESTS
+from tests.support.redis_server import REDIS_SERVER, RedisServer, shared_redis
+from tests.support.remote import TESTS
 
 __all__ = ["shared_redis"]  # the fixture
 
@@ -122,7 +122,7 @@ async def test_an_unsigned_team_refuses_a_process_with_a_key(where: str) -> None
 
 
 async def test_team_does_not_start_with_a_wrong_or_missing_key(where: str, tmp_path: Path) -> None:
-    from tests.remote_specs import echo
+    from tests.support.remote_specs import echo
 
     await _make(where)
     for key in (None, OTHER):

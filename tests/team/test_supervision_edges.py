@@ -24,7 +24,7 @@ from teamrt.agents import Agent, Limits, tool
 from teamrt.errors import MemberBusy, RequestTimeout, ToolCrashed
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, TextDelta, ToolSpec, Usage, call
 from teamrt.team import ProgressBody, RestartPolicy, TaskResult, Team, TeamBudget, Teammate
-from tests.remote import TESTS, run_agent, until_running
+from tests.support.remote import TESTS, run_agent, until_running
 
 
 async def test_an_unlimited_team_budget_still_counts_what_the_team_spent() -> None:
@@ -234,11 +234,12 @@ async def test_a_remote_teammate_with_an_unpriced_model_is_held_to_the_team_cost
     # README: a cost budget needs every member's model to have a price (unpriced="refuse" by
     # default). A local unpriced teammate crashes at its first task with UsageError ("cannot
     # be kept with model 'mystery', which has no price"); the remote one (run-agent started
-    # before the lead published the ledger, as in tests/test_remote_members.py) spends until its
-    # own step limit: every call of its unpriced model is charged $0 against the team's max_cost.
+    # before the lead published the ledger, as in tests/team/test_remote_members.py) spends
+    # until its own step limit: every call of its unpriced model is charged $0 against the team's
+    # max_cost.
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w"]) as mail:
-        proc = run_agent(team, "unpriced_spender", module="test_supervision_edges")
+        proc = run_agent(team, "unpriced_spender", module="tests.team.test_supervision_edges")
         try:
             await until_running(mail, proc)
             budget = TeamBudget(max_cost=0.000001)
@@ -283,7 +284,7 @@ async def test_a_remote_teammate_in_a_restart_backoff_stops_at_the_team_shutdown
     # Expired, and runs on: the process never exits.
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w"]) as mail:
-        proc = run_agent(team, "slow_restarter", module="test_supervision_edges")
+        proc = run_agent(team, "slow_restarter", module="tests.team.test_supervision_edges")
         try:
             await until_running(mail, proc)
             async with Team(mail, [], remote=["w"], shutdown_deadline=0.5) as lead:
@@ -306,7 +307,7 @@ async def test_a_remote_teammate_in_a_long_restart_backoff_stops_at_once_at_the_
     # it keeps running until the backoff ends (30 to 60 s here), long past the shutdown deadline.
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w"]) as mail:
-        proc = run_agent(team, "slower_restarter", module="test_supervision_edges")
+        proc = run_agent(team, "slower_restarter", module="tests.team.test_supervision_edges")
         try:
             await until_running(mail, proc)
             async with Team(mail, [], remote=["w"], shutdown_deadline=0.5) as lead:
@@ -410,7 +411,7 @@ async def test_a_remote_teammate_in_its_restart_backoff_is_not_gone(tmp_path: Pa
     # the backoff waits (RequestTimeout here), it does not get TeammateGone.
     team = tmp_path / "t"
     async with FileMailboxes(team, members=["lead", "w", "other"]) as mail:
-        proc = run_agent(team, "slower_restarter", module="test_supervision_edges")
+        proc = run_agent(team, "slower_restarter", module="tests.team.test_supervision_edges")
         try:
             await until_running(mail, proc)
             async with Team(mail, [], remote=["w"], shutdown_deadline=0.5) as lead:

@@ -21,7 +21,7 @@ from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.team import TaskResult, Team, Teammate
-from tests.redis_server import RedisServer, needs_redis, shared_redis
+from tests.support.redis_server import RedisServer, needs_redis, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
 Store = Callable[[], AbstractAsyncContextManager[Mailboxes]]

@@ -19,9 +19,9 @@ from teamrt.errors import TeammateGone
 from teamrt.mail.locator import open_mailboxes
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.team import TaskResult, Team
-from tests.redis_server import RedisServer, needs_redis, redis_server
-from tests.remote import TESTS, exit_code
-from tests.test_task_cancel import lead_mail_so_far
+from tests.support.redis_server import RedisServer, needs_redis, redis_server
+from tests.support.remote import TESTS, exit_code
+from tests.team.test_task_cancel import lead_mail_so_far
 
 __all__ = ["redis_server"]  # the fixture
 

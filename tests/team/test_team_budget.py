@@ -18,8 +18,8 @@ from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, Usage
 from teamrt.team import Team, TeamBudget
-from tests.redis_server import RedisServer, shared_redis
-from tests.remote import exit_code, run_agent, until_running
+from tests.support.redis_server import RedisServer, shared_redis
+from tests.support.remote import exit_code, run_agent, until_running
 
 __all__ = ["shared_redis"]  # the fixture
 

@@ -32,8 +32,9 @@ from teamrt.team import (
     TeamBudget,
     Teammate,
 )
+from tests.support.paths import SUPPORT
 
-PROCS = str(Path(__file__).with_name("teammate_procs.py"))
+PROCS = str(SUPPORT / "teammate_procs.py")
 SHOWN = re.compile(r"^\[(?:message|broadcast) (\S+) from", re.MULTILINE)
 
 

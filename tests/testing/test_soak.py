@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from teamrt.testing.soak import Figures, judge_deliveries, judge_runs, soak
-from tests.redis_server import needs_redis
+from tests.support.redis_server import needs_redis
 
 
 def delivery(id: str, pid: int, fence: int, t: float) -> dict[str, object]:

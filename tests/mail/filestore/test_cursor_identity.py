@@ -22,7 +22,7 @@ from teamrt.mail.filestore import identity, read_cursor
 from teamrt.mail.filestore import reader as reader_module
 from teamrt.mail.filestore.framing import encode_slot
 from teamrt.mail.log import Cursor
-from tests.test_reopened_logs import _NotReused, _recreate
+from tests.mail.filestore.test_reopened_logs import _NotReused, _recreate
 
 MEMBERS = ("lead", "worker")
 

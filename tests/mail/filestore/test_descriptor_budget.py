@@ -48,9 +48,9 @@ from teamrt.errors import MailboxClosed, ReceiveTimeout, StoreCorrupt
 from teamrt.mail.filestore.descriptors import BUDGET, DescriptorBudget
 from teamrt.mail.filestore.reader import FileReader
 from teamrt.mail.filestore.store import FileStore
+from tests.support.paths import ROOT
 
 MEMBERS = ["lead", "a", "b", "c", "d"]
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture

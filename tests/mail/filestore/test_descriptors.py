@@ -21,6 +21,7 @@ from teamrt.errors import ReceiveTimeout, StoreCorrupt
 from teamrt.mail.filestore.descriptors import BUDGET, DescriptorBudget
 from teamrt.mail.filestore.reader import FileReader
 from teamrt.mail.filestore.store import FileStore
+from tests.support.paths import ROOT
 
 MEMBERS = ["lead", "a", "b", "c", "d"]
 
@@ -349,15 +350,19 @@ def test_the_store_tests_pass_with_every_descriptor_given_back_at_once() -> None
     """Rotation, acks, the round-trip path and the rescan's tests, in a process whose budget is
     two descriptors: every reader parks and every appender is dropped as soon as another opens,
     so each of their reads and sends goes through a reopen."""
-    here = Path(__file__).parent
-    files = ["test_rotation.py", "test_acks.py", "test_round_trip_path.py", "test_rescan.py"]
+    files = [
+        "tests/mail/filestore/test_rotation.py",
+        "tests/mail/test_acks.py",
+        "tests/mail/test_request_responses.py",
+        "tests/mail/filestore/test_rescan.py",
+    ]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-        + [str(here / f) for f in files],
+        + [str(ROOT / f) for f in files],
         capture_output=True,
         text=True,
         timeout=600,
         env={**os.environ, "TEAMRT_FD_BUDGET": "2"},
-        cwd=here.parent,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -22,7 +22,7 @@ from teamrt.mail.filestore import identity
 from teamrt.mail.filestore.descriptors import BUDGET
 from teamrt.mail.filestore.reader import FileReader
 from teamrt.team import Team
-from tests.remote import TESTS
+from tests.support.remote import TESTS
 
 MEMBERS = ["lead", "a", "b", "c"]
 

@@ -19,8 +19,8 @@ from teamrt.errors import OutcomeUnknown, StoreUnavailable
 from teamrt.mail.locator import open_mailboxes, open_view
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import cluster
-from tests.redis_cluster import RedisCluster, redis_cluster
-from tests.redis_server import RedisServer
+from tests.support.redis_cluster import RedisCluster, redis_cluster
+from tests.support.redis_server import RedisServer
 
 __all__ = ["redis_cluster"]  # the fixture
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-import tests.test_conformance_redis as on_redis
-from tests.redis_server import RedisServer, shared_valkey
+import tests.mail.redisstore.test_conformance_redis as on_redis
+from tests.support.redis_server import RedisServer, shared_valkey
 
 __all__ = ["shared_valkey"]  # the fixture
 

@@ -26,8 +26,8 @@ from teamrt.mail.outage import ride_out
 from teamrt.mail.redisstore import RedisStore
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.team import CRASHED, Team, TeamBudget, Teammate
-from tests.redis_server import RedisServer, needs_redis, redis_server
-from tests.remote import TESTS
+from tests.support.redis_server import RedisServer, needs_redis, redis_server
+from tests.support.remote import TESTS
 
 __all__ = ["redis_server"]  # the fixture
 pytestmark = needs_redis

@@ -12,7 +12,7 @@ from teamrt.mail.redisstore import RedisStore, parse_locator
 from teamrt.mail.redisstore.keys import TeamKeys
 from teamrt.mail.redisstore.scripts import RAW_APPEND
 from teamrt.testing.conformance import MailboxConformance, StoreHarness
-from tests.redis_server import RedisServer, shared_redis
+from tests.support.redis_server import RedisServer, shared_redis
 
 __all__ = ["shared_redis"]  # the fixture
 

@@ -14,7 +14,7 @@ from teamrt.mail.redisstore import RedisStore, parse_locator
 from teamrt.mail.redisstore.keys import TeamKeys
 from teamrt.mail.redisstore.scripts import RAW_APPEND
 from teamrt.testing.conformance import MailboxConformance, StoreHarness
-from tests.redis_cluster import RedisCluster, shared_cluster
+from tests.support.redis_cluster import RedisCluster, shared_cluster
 
 __all__ = ["shared_cluster"]  # the fixture
 

@@ -40,7 +40,8 @@ from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore, RedisView, parse_locator, reader, view
 from teamrt.mail.redisstore.client import pack
 from teamrt.mail.redisstore.keys import TeamKeys
-from tests.redis_server import RedisServer, free_port, redis_server, shared_redis
+from tests.support.paths import ROOT
+from tests.support.redis_server import RedisServer, free_port, redis_server, shared_redis
 
 __all__ = ["redis_server", "shared_redis"]  # fixtures
 
@@ -730,8 +731,7 @@ except BaseException as exc:
 
 
 def _start_child(code: str, *args: str) -> subprocess.Popen[bytes]:
-    root = Path(__file__).resolve().parent.parent
-    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     return subprocess.Popen(
         [sys.executable, "-c", code, *args],
         stdout=subprocess.PIPE,

@@ -19,7 +19,7 @@ from teamrt.envelopes import Envelope
 from teamrt.errors import StoreAuthFailed, StoreUnavailable, UsageError
 from teamrt.mail.locator import open_mailboxes, open_view, redacted
 from teamrt.mail.redisstore import RedisStore, parse_locator
-from tests.redis_server import PASSWORD, RedisServer, password_redis
+from tests.support.redis_server import PASSWORD, RedisServer, password_redis
 
 __all__ = ["password_redis"]  # the fixture
 
