@@ -4,7 +4,7 @@
 # make test-slow  what the quick suite leaves out: the tests marked stress (benchmarks, long stress
 #                 runs: pytest --stress -m stress) and the property tests with the thorough profile
 # make test-all   both (.ci/run runs them); make coverage: the quick suite with a coverage report
-# WORKERS=auto uses every core. One file: .venv/bin/pytest tests/test_log.py (one process)
+# WORKERS=auto uses every core. One file: .venv/bin/pytest tests/mail/test_log.py (one process)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

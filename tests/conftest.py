@@ -10,7 +10,7 @@ from hypothesis import settings
 
 from teamrt import telemetry
 from teamrt.models import set_model_requests_allowed
-from tests import hypothesis_profiles
+from tests.support import hypothesis_profiles
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -48,7 +48,7 @@ def stress(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--stress"))
 
 
-# `fast` unless asked (tests/hypothesis_profiles.py); --hypothesis-profile overrides this later
+# `fast` unless asked (tests/support/hypothesis_profiles.py); --hypothesis-profile overrides it
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", hypothesis_profiles.FAST))
 
 # No test may call a real model by accident: adapters refuse unless a test allows it explicitly

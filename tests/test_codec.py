@@ -37,7 +37,7 @@ from teamrt.envelopes import (
 from teamrt.errors import InvalidEnvelope
 from teamrt.mail.log import decode_line, stamp
 from teamrt.team import protocol  # registers the protocol's payload models
-from tests.hypothesis_profiles import examples
+from tests.support.hypothesis_profiles import examples
 
 SAMPLES = Path(__file__).resolve().parent.parent / "mailboxes" / "samples"
 

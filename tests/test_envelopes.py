@@ -28,7 +28,7 @@ from teamrt import (
 from teamrt.envelopes import ENVELOPE_ADAPTER, _build
 from teamrt.errors import InvalidEnvelope
 from teamrt.names import validate_name
-from tests.hypothesis_profiles import examples
+from tests.support.hypothesis_profiles import examples
 
 
 @payload("test_task")

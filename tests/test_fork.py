@@ -23,7 +23,7 @@ from teamrt.mail.log import Record, decode_entry
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.rerun import rerun_team
 from teamrt.team import TaskResult, Team, Teammate
-from tests.redis_server import RedisServer, needs_redis, redis_server
+from tests.support.redis_server import RedisServer, needs_redis, redis_server
 
 __all__ = ["redis_server"]  # the fixture
 

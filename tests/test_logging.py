@@ -60,7 +60,7 @@ async def test_a_quarantined_line_is_logged(
 
 async def test_a_model_retry_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     from teamrt.models import ChatMessage, OpenAIModel, allow_model_requests
-    from tests.fake_openai import FakeOpenAI, chat_reply, error_body
+    from tests.support.fake_openai import FakeOpenAI, chat_reply, error_body
 
     with FakeOpenAI() as server, allow_model_requests():
         server.then(error_body("slow down", "rate_limit"), status=429, headers={"retry-after": "0"})

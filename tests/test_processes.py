@@ -20,8 +20,9 @@ from teamrt import Envelope, FileMailboxes
 from teamrt.mail.filestore import InboxPaths
 from teamrt.mail.filestore.framing import decode_all
 from teamrt.mail.log import Record
+from tests.support.paths import SUPPORT
 
-PROCS = str(Path(__file__).with_name("procs.py"))
+PROCS = str(SUPPORT / "procs.py")
 MEMBERS = ("lead", "worker")
 
 

@@ -19,7 +19,7 @@ from teamrt.conductor.plan import Plan, PlanError
 from teamrt.envelopes import Envelope, Message
 from teamrt.errors import PartialBroadcast, PeerError, TeamrtError
 from teamrt.team.team import Team
-from tests.hypothesis_profiles import examples
+from tests.support.hypothesis_profiles import examples
 
 _garbage = st.one_of(
     st.none(),

@@ -119,7 +119,9 @@ def test_rerun_team_with_a_spec_that_names_none_of_the_agents_is_a_mistake(
 
     anyio.run(run)
     capsys.readouterr()
-    assert main(["rerun", str(team_dir), "--team", "--spec", "tests.eval_targets:team"]) == 2
+    assert (
+        main(["rerun", str(team_dir), "--team", "--spec", "tests.support.eval_targets:team"]) == 2
+    )
     err = capsys.readouterr().err
-    assert "none of the teammates --spec tests.eval_targets:team names" in err
+    assert "none of the teammates --spec tests.support.eval_targets:team names" in err
     assert "researcher, writer" in err

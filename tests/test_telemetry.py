@@ -15,14 +15,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from teamrt import FileMailboxes, MemoryMailboxes, telemetry
 from teamrt.team import Team
+from tests.support.paths import SUPPORT
 
-CHILD = str(Path(__file__).with_name("otel_child.py"))
+CHILD = str(SUPPORT / "otel_child.py")
 
 
 async def test_spans_for_a_task_follow_the_genai_conventions(
     exporter: InMemorySpanExporter,
 ) -> None:
-    from tests.remote_specs import looker
+    from tests.support.remote_specs import looker
 
     async with MemoryMailboxes() as mail, Team(mail, [looker]) as team:
         await team.ask("w", "look", timeout=10)

@@ -10,7 +10,7 @@ from teamrt import FileMailboxes
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.replay import Filter, select, timeline
 from teamrt.team import Team, Teammate
-from tests.remote import exit_code, run_agent, until_running
+from tests.support.remote import exit_code, run_agent, until_running
 
 
 def asker(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
