@@ -70,7 +70,7 @@ from teamrt.errors import (
 from teamrt.evals.cases import CaseError as CasesCaseError
 from teamrt.models.openai_wire import StreamFault, Unusable
 from teamrt.rerun import Divergence
-from tests.docs_programs import run, scratch
+from tests.support.docs_programs import run, scratch
 
 PACKAGE = Path(teamrt.__file__).parent
 DOCS = PACKAGE.parent / "docs"
