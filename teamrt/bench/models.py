@@ -1,6 +1,6 @@
 """Model figures for `teamrt bench`: the time of one model call through `OpenAIModel` beside the
 same call made with the bare `openai` client, in the same run, against one scripted
-OpenAI-compatible server on 127.0.0.1 (a child process: `python -m teamrt.cli.bench_models
+OpenAI-compatible server on 127.0.0.1 (a child process: `python -m teamrt.bench.models
 _serve PORT_FILE`). The server's time is in both; the ratio is what the adapter adds."""
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from teamrt.cli.bench_stats import Figure
+from teamrt.bench.harness import Bench
+from teamrt.bench.stats import Figure
 from teamrt.models import ChatMessage, ToolSpec, allow_model_requests
-
-if TYPE_CHECKING:
-    from teamrt.cli.bench import Bench
 
 _ANSWER = {
     "id": "chatcmpl-bench",
@@ -118,7 +116,7 @@ def _server() -> Iterator[str]:
     with tempfile.TemporaryDirectory() as scratch:
         port_file = Path(scratch) / "port"
         child = subprocess.Popen(
-            [sys.executable, "-m", "teamrt.cli.bench_models", "_serve", str(port_file)],
+            [sys.executable, "-m", "teamrt.bench.models", "_serve", str(port_file)],
             stdin=subprocess.DEVNULL,
         )
         try:

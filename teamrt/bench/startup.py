@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING
 
 import anyio
 
-from teamrt.cli.bench_stats import Figure
-
-if TYPE_CHECKING:
-    from teamrt.cli.bench import Bench
+from teamrt.bench.harness import Bench
+from teamrt.bench.stats import Figure
 
 IMPORT_TARGET_MS = 300.0
 
