@@ -245,10 +245,12 @@ class Bench:
 
     @property
     def smoke(self) -> bool:
+        """A smoke run: the tests', sized to check that each group works."""
         return self.sizes.mode == "smoke"
 
     @property
     def quick(self) -> bool:
+        """A --quick run."""
         return self.sizes.mode == "quick"
 
     @property
@@ -266,6 +268,7 @@ class Bench:
             yield index
 
     def add(self, figure: Figure) -> Figure:
+        """Add a measured figure to the run, in the group now running."""
         figure.group = self.group
         self.figures.append(figure)
         if self.progress is not None:
@@ -273,6 +276,7 @@ class Bench:
         return figure
 
     def team(self, name: str) -> Path:
+        """A directory for a new scratch team, named after `name` (each call a new one)."""
         self._teams += 1
         return self.root / f"{name}-{self._teams}"
 

@@ -84,6 +84,8 @@ def _pinned(here: int, there: int, children: list[int]) -> Iterator[None]:
 
 
 async def sends(bench: Bench) -> None:
+    """Awaited, built and batched sends with durability none beside a raw locked append, then
+    fsync'd sends, serial and from 8 and 32 concurrent senders (group commit)."""
     s = bench.sizes
     scratch = bench.root / "raw"
     scratch.mkdir(exist_ok=True)

@@ -90,6 +90,7 @@ async def _compare(
 
 
 async def model_figures(bench: Bench) -> None:
+    """The `models` group: plain and streamed calls through `OpenAIModel` beside the bare client."""
     import openai  # only here: `teamrt bench --only startup` must not pay for the SDK
 
     from teamrt.models import OpenAIModel

@@ -35,6 +35,7 @@ async def _once(args: list[str], cwd: str) -> float:
 
 
 async def startup_figures(bench: Bench) -> None:
+    """The `startup` group: each of `_PROGRAMS` in fresh processes beside `python -c pass`."""
     # each run of every program is a round; smoke sizes: a check that it works
     runs = max(bench.rounds, 3 if bench.smoke else 5 if bench.quick else 9)
     cwd = str(bench.root)  # outside any checkout: the installed teamrt is what is imported
