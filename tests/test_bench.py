@@ -4,6 +4,7 @@ written as real segments. Sizes are tiny and nothing here asserts how fast anyth
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
@@ -15,6 +16,7 @@ import anyio
 import pytest
 
 from teamrt import FileMailboxes
+from teamrt.bench import GROUPS
 from teamrt.bench import inotify as bench_inotify
 from teamrt.bench import stats as bench_stats
 from teamrt.bench.backlog import write_segments
@@ -22,6 +24,7 @@ from teamrt.bench.baselines import PIPE_CHILD, PipeChild
 from teamrt.bench.harness import Sizes
 from teamrt.bench.mailboxes import placements
 from teamrt.bench.stats import Figure
+from teamrt.cli.main import build_parser
 from teamrt.envelopes import Envelope
 from teamrt.replay.events import WINDOW
 
@@ -100,6 +103,18 @@ def test_the_table_says_the_load_and_each_range(tmp_path: Path) -> None:
     ]
     row = next(line for line in lines if line.startswith("agent step, checkpointed, at step 10"))
     assert " us (" in row  # CPU time with its range
+
+
+def test_only_offers_every_group_and_no_other() -> None:
+    """The parser names the groups itself (`teamrt --help` does not load the benchmarks): the
+    same groups, in the order they run."""
+    commands = next(
+        action
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    only = next(a for a in commands.choices["bench"]._actions if a.dest == "only")
+    assert only.choices is not None and tuple(only.choices) == GROUPS
 
 
 def test_sizes_fill_what_they_compare() -> None:
