@@ -27,6 +27,7 @@ test: lint typecheck pytest
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports  # the layer rules: [tool.importlinter] in pyproject.toml
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

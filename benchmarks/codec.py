@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-from teamrt.cli.bench import _envelopes
+from teamrt.bench.harness import sample_envelopes as _envelopes
 from teamrt.codec import decode_fields, encode, encode_with_pydantic
 from teamrt.envelopes import Envelope
 from teamrt.mail.log import decode_line, stamp

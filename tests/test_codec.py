@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from teamrt import codec, names
-from teamrt.cli.bench import _envelopes as bench_envelopes
+from teamrt.bench.harness import sample_envelopes as bench_envelopes
 from teamrt.codec import FIELD_NAMES, EnvelopeFields, decode_fields, encode
 from teamrt.envelopes import (
     ENVELOPE_ADAPTER,

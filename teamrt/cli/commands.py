@@ -243,7 +243,7 @@ def bench(args: argparse.Namespace) -> int:
     from teamrt.cli.bench import run_bench
 
     if args.store is not None:
-        from teamrt.cli.bench_store import run_store_bench
+        from teamrt.cli.bench import run_store_bench
 
         return run_store_bench(args.store, quick=args.quick, as_json=args.json)
     if args.dir is not None and os.path.exists(args.dir) and not os.path.isdir(args.dir):

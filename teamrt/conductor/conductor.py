@@ -136,9 +136,7 @@ class Conductor:
         self.name = name
         self.human = human
         self.escalation_timeout = escalation_timeout
-        self.state_path = (
-            Path(state_path) if state_path else TeamDir(self.workdir).conductor_state
-        )
+        self.state_path = Path(state_path) if state_path else TeamDir(self.workdir).conductor_state
         self.state: ConductorState | None = None
         self.on_decision = on_decision  # e.g. to show progress as the run goes
         self.escalations = Escalations(team.mail, name, human, on_refusal=self._refused)

@@ -4,6 +4,7 @@ written as real segments. Sizes are tiny and nothing here asserts how fast anyth
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
@@ -15,9 +16,15 @@ import anyio
 import pytest
 
 from teamrt import FileMailboxes
-from teamrt.cli import bench_inotify, bench_stats
-from teamrt.cli.bench import PIPE_CHILD, PipeChild, Sizes, _placements, _write_segments
-from teamrt.cli.bench_stats import Figure
+from teamrt.bench import GROUPS
+from teamrt.bench import inotify as bench_inotify
+from teamrt.bench import stats as bench_stats
+from teamrt.bench.backlog import write_segments
+from teamrt.bench.baselines import PIPE_CHILD, PipeChild
+from teamrt.bench.harness import Sizes
+from teamrt.bench.mailboxes import placements
+from teamrt.bench.stats import Figure
+from teamrt.cli.main import build_parser
 from teamrt.envelopes import Envelope
 from teamrt.replay.events import WINDOW
 
@@ -96,6 +103,18 @@ def test_the_table_says_the_load_and_each_range(tmp_path: Path) -> None:
     ]
     row = next(line for line in lines if line.startswith("agent step, checkpointed, at step 10"))
     assert " us (" in row  # CPU time with its range
+
+
+def test_only_offers_every_group_and_no_other() -> None:
+    """The parser names the groups itself (`teamrt --help` does not load the benchmarks): the
+    same groups, in the order they run."""
+    commands = next(
+        action
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    only = next(a for a in commands.choices["bench"]._actions if a.dest == "only")
+    assert only.choices is not None and tuple(only.choices) == GROUPS
 
 
 def test_sizes_fill_what_they_compare() -> None:
@@ -343,14 +362,14 @@ def test_round_trips_are_pinned_to_two_cores_then_one_and_let_go_after() -> None
     try:
         mine, theirs = os.sched_getaffinity(0), os.sched_getaffinity(child.pid)
         here, there = sorted(mine)[:2]
-        placements = _placements([child.pid])
-        assert [(suffix, where) for suffix, where, _ in placements] == [
+        placed = placements([child.pid])
+        assert [(suffix, where) for suffix, where, _ in placed] == [
             ("", "as the scheduler places them"),
             ("_2", "on two cores"),
             ("_1", "on one core"),
         ]
         for (_, _, place), cpus in zip(
-            placements, ((mine, theirs), ({here}, {there}), ({here}, {here})), strict=True
+            placed, ((mine, theirs), ({here}, {there}), ({here}, {here})), strict=True
         ):
             with place():
                 assert (os.sched_getaffinity(0), os.sched_getaffinity(child.pid)) == cpus
@@ -364,14 +383,14 @@ def test_round_trips_run_as_placed_with_one_cpu_or_no_affinity(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert [suffix for suffix, _, _ in _placements([])] == [""]
+    assert [suffix for suffix, _, _ in placements([])] == [""]
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
 
     def refuse(pid: int, cpus: object) -> None:
         raise PermissionError(1, "not permitted")
 
     monkeypatch.setattr(os, "sched_setaffinity", refuse)
-    assert [suffix for suffix, _, _ in _placements([12345])] == [""]
+    assert [suffix for suffix, _, _ in placements([12345])] == [""]
 
 
 # --- the backlog as real segments ------------------------------------------------------------
@@ -381,7 +400,7 @@ async def test_a_backlog_is_written_as_segments_the_store_reads(tmp_path: Path) 
     team, segment, room = tmp_path / "deep", 16 << 10, 4 << 10
     async with FileMailboxes(team, members=["lead", "sink"], segment_bytes=segment):
         pass
-    closed = _write_segments(team, "sink", 500, segment, room)
+    closed = write_segments(team, "sink", 500, segment, room)
     inboxes = team / "inboxes"
     segments = sorted(inboxes.glob("sink.0*.jsonl"))
     assert closed == len(segments) >= 3
@@ -405,12 +424,12 @@ def test_a_backlog_too_big_for_its_active_file_leaves_room(tmp_path: Path) -> No
     """Where the rest would fill the active file, the last closed segment takes more of it."""
     team = tmp_path / "t"
     (team / "inboxes").mkdir(parents=True)
-    closed = _write_segments(team, "probe", 1, 1 << 20, 0)  # one line's size, as written
+    closed = write_segments(team, "probe", 1, 1 << 20, 0)  # one line's size, as written
     line = (team / "inboxes" / "probe.jsonl").stat().st_size
     assert closed == 0
     segment = 10 * line
     # 19 lines: one closed segment of 10, 9 in the active file, which wants room for 2
-    closed = _write_segments(team, "sink", 19, segment, 2 * line)
+    closed = write_segments(team, "sink", 19, segment, 2 * line)
     active = (team / "inboxes" / "sink.jsonl").stat().st_size
     assert closed == 1 and active <= segment - 2 * line
     assert (team / "inboxes" / "sink.000000.jsonl").stat().st_size >= segment

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from teamrt.cli.bench import Bench, Sizes
-from teamrt.cli.bench_models import model_figures
+from teamrt.bench.harness import Bench, Sizes
+from teamrt.bench.models import model_figures
 
 pytestmark = pytest.mark.stress  # a benchmark
 

@@ -15,8 +15,8 @@ What it leaves out, and teamrt does: envelope validation and ids (here a counter
 (the floor keeps its offset in memory only), leases, liveness and request deadlines. So the ratio of
 teamrt's round trip to this one is what those cost, and the scheduling both pay is in the floor.
 
-This file is run by its path as the answering side (`python -I bench_inotify.py echo DIR`): like
-bench_pipes.py it imports only the standard library. The bench imports it for the requesting side.
+This file is run by its path as the answering side (`python -I inotify.py echo DIR`): like
+pipes.py it imports only the standard library. The bench imports it for the requesting side.
 The child says it is ready (a `ready` line in the requester's inbox) once its event loop runs and
 its watch is set, and the bench starts timing after that.
 """
@@ -156,7 +156,7 @@ class InotifyChild:
         RawMailbox.create(self.directory, "lead", "echo")
         self.mail = RawMailbox(self.directory, "lead")
         self.proc = subprocess.Popen(
-            # -I: not even the script's own directory (teamrt/cli) on sys.path
+            # -I: not even the script's own directory (teamrt/bench) on sys.path
             [sys.executable, "-I", str(CHILD), "echo", str(self.directory)],
             stdin=subprocess.DEVNULL,
         )

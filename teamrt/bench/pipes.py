@@ -1,5 +1,5 @@
 """The lean child of `teamrt bench`'s os.pipe baselines, run by its path (`python -I
-bench_pipes.py ROLE READ_FD WRITE_FD`), so that it imports neither teamrt nor the bench: only the
+pipes.py ROLE READ_FD WRITE_FD`), so that it imports neither teamrt nor the bench: only the
 standard library an asyncio program needs. Like the teamrt children it is measured against, it
 says it is ready (one byte, `R`) once its event loop runs, and the bench starts timing after that
 (interpreter start-up is not in the baseline).

@@ -165,6 +165,7 @@ def _span(values: Sequence[float]) -> tuple[float, float] | None:
 
 
 def pct(values: Sequence[float], p: float) -> float:
+    """The `p`th percentile of `values` (the nearest rank, no interpolation)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
 
@@ -179,6 +180,7 @@ class Clock:
 
 @contextmanager
 def clock() -> Iterator[Clock]:
+    """Time the block: its wall clock and this process's CPU time, in seconds."""
     timed = Clock()
     wall, cpu = time.perf_counter(), time.process_time()
     try:
@@ -247,6 +249,7 @@ def probe(loops: int = 2000) -> float:
 
 
 def load_average() -> list[float]:
+    """The machine's load average over 1, 5 and 15 minutes (empty where there is none)."""
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:  # pragma: no cover -- not on Linux or macOS
@@ -284,6 +287,7 @@ def machine() -> dict[str, Any]:
 
 
 def fmt(value: float | None, unit: str) -> str:
+    """A value as the table shows it, with its unit."""
     if value is None:
         return ""
     if unit == "/s":
@@ -308,12 +312,14 @@ def _short(value: float, unit: str) -> str:
 
 
 def fmt_span(span: tuple[float, float] | None, unit: str) -> str:
+    """A range (min-max) as the table shows it."""
     if span is None:
         return ""
     return f"{_short(span[0], unit)}-{_short(span[1], unit)}"
 
 
 def fmt_cpu(figure: Figure, baseline: bool = False) -> str:
+    """The CPU time per operation of a figure (or its baseline), with its range."""
     cpu = figure.baseline_cpu if baseline else figure.cpu
     if not cpu:
         return ""
@@ -335,6 +341,7 @@ def _table(rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
 
 
 def header(meta: dict[str, Any]) -> list[str]:
+    """The lines above the table: the machine, the mode and rounds, the load and the probe."""
     start, end = meta.get("load_start") or [], meta.get("load_end") or []
     load = " ".join(f"{x:.2f}" for x in start)
     if end:
@@ -361,6 +368,7 @@ def header(meta: dict[str, Any]) -> list[str]:
 
 
 def table(figures: Sequence[Figure]) -> list[str]:
+    """The table of a run: each figure beside its baseline, the ratio and the target."""
     columns = ("measurement", "median", "range", "CPU/op", "baseline", "median", "range")
     rows = [(*columns, "ratio", "target", "")]
     for f in figures:
@@ -387,10 +395,12 @@ def table(figures: Sequence[Figure]) -> list[str]:
 
 
 def run_json(meta: dict[str, Any], figures: Sequence[Figure]) -> dict[str, Any]:
+    """A run as `--json` prints it and `--save` writes it."""
     return {"format": SAVED_FORMAT, "meta": meta, "figures": [f.as_json() for f in figures]}
 
 
 def save(path: Path, run: dict[str, Any]) -> None:
+    """Write a run to `path` (`--save`), readable by its owner only."""
     write_private(path, json.dumps(run, indent=2) + "\n")
 
 
@@ -523,6 +533,7 @@ def comparison(
 
 
 def comparison_lines(compared: dict[str, Any], meta_now: dict[str, Any]) -> list[str]:
+    """The text of a `comparison`: each figure now beside the saved run's, with its verdicts."""
     meta = compared["meta"]
     rounds = int(meta_now["rounds"])
     old_rounds = int(meta.get("rounds") or 1)

@@ -1,5 +1,6 @@
-"""Team figures for `teamrt bench`: a service under concurrent load, a long-lived lead, and the
-tool calls of one reply run side by side. Each figure has a baseline measured in the same run, the
+"""Team figures for `teamrt bench`: teams of many idle teammates (the `team` group); a service
+under concurrent load, a long-lived lead, and the tool calls of one reply run side by side (the
+`teamwork` group). Each figure has a baseline measured in the same run, the
 two alternating round by round; the agent steps also in CPU time per step. The figures that take
 seconds a round (the service, the tool calls) have one round with --quick, and a lead's memory is
 measured once (it is not a matter of timing)."""
@@ -7,17 +8,20 @@ measured once (it is not a matter of timing)."""
 from __future__ import annotations
 
 import math
+import os
+import resource
 import statistics
 import time
 import tracemalloc
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 
 from teamrt.agents import Agent, AgentEvent, Limits, tool
-from teamrt.cli.bench_stats import Figure, Tally, clock, pct
+from teamrt.bench.harness import Bench
+from teamrt.bench.stats import Figure, Tally, clock, pct
+from teamrt.envelopes import Envelope
 from teamrt.mail import FileMailboxes
 from teamrt.models import (
     ChatMessage,
@@ -30,11 +34,9 @@ from teamrt.models import (
 )
 from teamrt.team import Team, Teammate
 
-if TYPE_CHECKING:
-    from teamrt.cli.bench import Bench
-
 
 async def team_figures(bench: Bench) -> None:
+    """The `teamwork` group."""
     smoke, quick = bench.smoke, bench.quick
     await service_load(bench, smoke=smoke)
     await parallel_tools(bench, smoke=smoke)
@@ -276,3 +278,148 @@ async def lead_memory(bench: Bench, *, asks: int, early: int) -> None:
             check=lambda f: late_bytes <= 1.1 * early_bytes,
         )
     )
+
+
+def _answer_ok(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+    """The idle teams' model: every task is answered at once."""
+    return "ok"
+
+
+async def _ask_p50(team: Team, member: str, asks: int) -> float:
+    """The p50 round trip, in microseconds, of `asks` tasks to `member` (after 5 not counted)."""
+    times = []
+    for _ in range(asks + 5):
+        start = time.perf_counter()
+        await team.ask(member, "wake up", timeout=60)
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times[5:])
+
+
+async def idle_teams(bench: Bench) -> None:
+    """Teams of 10, 100 and 1,000 idle teammates in this process (and once a run, 10,000),
+    beside a team of 2: the CPU they cost while idle, and the round trip of a task to one of
+    them. Every round starts each team in turn (they cannot run side by side: each one's idle
+    CPU is measured alone), and measures this process idle with no team first: on a VM the
+    CPU time charged to a process that only sleeps is not zero (0.2-0.8% of a core has been
+    seen for one bare `asyncio.sleep`), so a team's idle cost is judged above that floor."""
+    sizes = (2, *bench.sizes.teammates)
+    largest = max(sizes)
+    idle = 0.3 if bench.smoke else 1.0
+    asks = 20 if bench.smoke else 40
+    t = Tally()
+    once: dict[str, float] = {}
+    for index in bench.each_round():
+        with clock() as c:
+            await anyio.sleep(idle)
+        t.add("idle0", c.cpu / c.wall * 100)
+        for members in sizes:
+            first = index == 0 and members == largest
+            got = await _team_round(bench, members, idle=idle, asks=asks, once=first)
+            t.add(f"idle{members}", got["idle_cpu"])
+            t.add(f"wake{members}", got["p50"])
+            if first:
+                once = got
+    huge = bench.sizes.huge_team
+    extra = await _huge_team(bench, t, huge, idle=idle, asks=asks) if huge else []
+    judged = (*sizes, huge) if huge else sizes
+    for members in judged:
+        bench.add(
+            t.figure(
+                f"{members:,} idle teammates: CPU while idle",
+                *(f"idle{members}", "%", "this process idle, no team", "idle0"),
+                target="< 0.5% of a core above it",
+                check=lambda f: f.value - (f.baseline_value or 0) < 0.5,
+            )
+        )
+    for members in judged[1:]:
+        bench.add(
+            t.figure(
+                f"wake one teammate among {members:,} (task round trip), p50",
+                *(f"wake{members}", "us", "same in a team of 2", "wake2"),
+                target="within 2x",
+                check=lambda f: f.value <= 2 * (f.baseline_value or 0),
+            )
+        )
+    for figure in extra:
+        bench.add(figure)
+    bench.add(
+        Figure.of(f"{largest:,} idle teammates: memory per teammate", [once["memory"]], "KiB")
+    )
+    bench.add(
+        Figure.of(
+            f"broadcast to {once['reached']:,.0f} teammates, all read it", [once["bcast"]], "ms"
+        )
+    )
+
+
+async def _huge_team(
+    bench: Bench, t: Tally, members: int, *, idle: float, asks: int
+) -> list[Figure]:
+    """A team of `members` (10,000), started once per run (it takes seconds to start and
+    to stop): its idle CPU in as many windows as there are rounds and the p50 task round
+    trip to one member, into `t` as the smaller teams' are; returned: how long it took to
+    start and to stop, and the files the process had open (more members than it may open
+    files for their inboxes: idle ones give theirs back under the descriptor budget)."""
+    names = [f"m{i:05d}" for i in range(members)]
+    async with FileMailboxes(bench.root / f"team{members}", members=["lead", *names]) as mail:
+        team = Team(
+            mail,
+            [Teammate(name, FunctionModel(_answer_ok)) for name in names],
+            shutdown_deadline=600,  # idle members stop in turn, a millisecond or so each
+        )
+        start = time.perf_counter()
+        await team.__aenter__()
+        try:
+            started = time.perf_counter() - start
+            await anyio.sleep(0.3)  # let the start-up notices settle
+            for _ in bench.each_round():
+                with clock() as c:
+                    await anyio.sleep(idle)
+                t.add(f"idle{members}", c.cpu / c.wall * 100)
+            descriptors = len(os.listdir("/proc/self/fd"))
+            t.add(f"wake{members}", await _ask_p50(team, names[len(names) // 2], asks))
+        finally:
+            stop = time.perf_counter()
+            await team.__aexit__(None, None, None)
+            stopped = time.perf_counter() - stop
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return [
+        Figure.of(f"{members:,} teammates: start", [started], "s"),
+        Figure.of(f"{members:,} teammates: stop (each asked to)", [stopped], "s"),
+        Figure.of(f"{members:,} teammates: files open (limit {soft:,})", [descriptors], "fds"),
+    ]
+
+
+async def _team_round(
+    bench: Bench, members: int, *, idle: float, asks: int, once: bool
+) -> dict[str, float]:
+    """One round with a team of `members`: its idle CPU over `idle` seconds and the p50 task
+    round trip to one member; `once`: also its memory per teammate and a broadcast."""
+    names = [f"m{i:04d}" for i in range(members)]
+    path = bench.root / f"team{members}"
+    out: dict[str, float] = {}
+    async with FileMailboxes(path, members=["lead", *names]) as mail:
+        if once:
+            tracemalloc.start()  # Python allocations, not RSS: RSS reuses memory freed earlier
+            baseline = tracemalloc.get_traced_memory()[0]
+        team = Team(mail, [Teammate(name, FunctionModel(_answer_ok)) for name in names])
+        async with team:
+            if once:
+                out["memory"] = (tracemalloc.get_traced_memory()[0] - baseline) / members / 1024
+                tracemalloc.stop()
+            await anyio.sleep(0.3)  # let the start-up notices settle
+            with clock() as c:
+                await anyio.sleep(idle)
+            out["idle_cpu"] = c.cpu / c.wall * 100
+            out["p50"] = await _ask_p50(team, names[len(names) // 2], asks)
+            if once:
+                reached = names[:100]
+                start = time.perf_counter()
+                await mail.send(Envelope.broadcast("lead", "all hands", type="announcement"))
+                # polled at 1 ms: a broadcast wakes each teammate for a round in which its
+                # model reads it, and the team's own status counts those rounds
+                while not all(team.status[m].rounds for m in reached):  # noqa: ASYNC110
+                    await anyio.sleep(0.001)
+                out["bcast"] = (time.perf_counter() - start) * 1000
+                out["reached"] = len(reached)
+    return out

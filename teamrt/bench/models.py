@@ -1,12 +1,10 @@
 """Model figures for `teamrt bench`: the time of one model call through `OpenAIModel` beside the
 same call made with the bare `openai` client, in the same run, against one scripted
-OpenAI-compatible server on 127.0.0.1 (a child process: `python -m teamrt.cli.bench_models
-_serve PORT_FILE`). The server's time is in both; the ratio is what the adapter adds."""
+OpenAI-compatible server on 127.0.0.1 (a child process: `python -m teamrt.bench.model_server
+PORT_FILE`). The server's time is in both; the ratio is what the adapter adds."""
 
 from __future__ import annotations
 
-import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -14,31 +12,13 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from teamrt.cli.bench_stats import Figure
+from teamrt.bench.harness import Bench
+from teamrt.bench.stats import Figure
 from teamrt.models import ChatMessage, ToolSpec, allow_model_requests
 
-if TYPE_CHECKING:
-    from teamrt.cli.bench import Bench
-
-_ANSWER = {
-    "id": "chatcmpl-bench",
-    "object": "chat.completion",
-    "created": 0,
-    "model": "bench-model",
-    "choices": [
-        {
-            "index": 0,
-            "message": {"role": "assistant", "content": "The stock is 14 units."},
-            "finish_reason": "stop",
-        }
-    ],
-    "usage": {"prompt_tokens": 60, "completion_tokens": 8, "total_tokens": 68},
-}
-_PIECES = ["The stock ", "is 14 ", "units."]
 _MESSAGES = [
     ChatMessage.system("You check stock. Answer in one sentence."),
     ChatMessage.user("How many earbuds are in stock?"),
@@ -56,69 +36,12 @@ _TOOLS = [
 ]
 
 
-def _stream_events() -> list[bytes]:
-    def chunk(delta: dict[str, Any], finish: str | None = None, usage: Any = None) -> bytes:
-        choices = [] if usage else [{"index": 0, "delta": delta, "finish_reason": finish}]
-        body = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "bench-model"}
-        data = {**body, "choices": choices, **({"usage": usage} if usage else {})}
-        return f"data: {json.dumps(data)}\n\n".encode()
-
-    events = [chunk({"role": "assistant", "content": ""})]
-    events += [chunk({"content": piece}) for piece in _PIECES]
-    events.append(chunk({}, "stop"))
-    events.append(chunk({}, usage=_ANSWER["usage"]))
-    return [*events, b"data: [DONE]\n\n"]
-
-
-def _serve(port_file: str) -> None:
-    answer = json.dumps(_ANSWER).encode()
-    events = _stream_events()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def setup(self) -> None:
-            super().setup()
-            # headers and body go out in two writes: without this, Nagle's algorithm holds the
-            # second until the client's delayed ACK (~40 ms a call)
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
-            self.send_response(200)
-            if body.get("stream"):
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("transfer-encoding", "chunked")
-                self.end_headers()
-                for event in events:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-                self.wfile.write(b"0\r\n\r\n")
-            else:
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
-
-        def handle_error(self, request: Any, client_address: Any) -> None:
-            pass  # a client that closed its connection
-
-    server = Server(("127.0.0.1", 0), Handler)
-    Path(port_file).write_text(str(server.server_address[1]))
-    server.serve_forever()
-
-
 @contextmanager
 def _server() -> Iterator[str]:
     with tempfile.TemporaryDirectory() as scratch:
         port_file = Path(scratch) / "port"
         child = subprocess.Popen(
-            [sys.executable, "-m", "teamrt.cli.bench_models", "_serve", str(port_file)],
+            [sys.executable, "-m", "teamrt.bench.model_server", str(port_file)],
             stdin=subprocess.DEVNULL,
         )
         try:
@@ -167,6 +90,7 @@ async def _compare(
 
 
 async def model_figures(bench: Bench) -> None:
+    """The `models` group: plain and streamed calls through `OpenAIModel` beside the bare client."""
     import openai  # only here: `teamrt bench --only startup` must not pay for the SDK
 
     from teamrt.models import OpenAIModel
@@ -226,8 +150,3 @@ async def model_figures(bench: Bench) -> None:
                         check=lambda f: f.value <= 1.2 * (f.baseline_value or 0),
                     )
                 )
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["_serve"]:
-        _serve(sys.argv[2])

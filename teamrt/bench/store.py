@@ -20,7 +20,6 @@ it uses that server (a team of its own, deleted afterwards). It measures, in int
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -123,7 +122,7 @@ async def echo_raw(url: str, stream: str, flavour: str) -> None:
 
 def start_echo(mode: str, *args: str) -> subprocess.Popen[bytes]:
     child = subprocess.Popen(
-        [sys.executable, "-m", "teamrt.cli.bench_store", mode, *args], stdout=subprocess.PIPE
+        [sys.executable, "-m", "teamrt.bench.store", mode, *args], stdout=subprocess.PIPE
     )
     assert child.stdout is not None
     if child.stdout.readline() != b"ready\n":
@@ -297,19 +296,23 @@ async def _measure(args: argparse.Namespace, base: str) -> dict[str, list[float]
     return results
 
 
-def report(results: dict[str, list[float]], args: argparse.Namespace) -> None:
+def report(results: dict[str, list[float]], args: argparse.Namespace) -> list[str]:
+    """The table of a run: each figure's median beside the raw floor's, the ratio, the target."""
     fsync = args.appendfsync if not args.url else "as the server has it"
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"teamrt bench --store: RedisStore vs raw redis-py (hiredis, RESP2), appendfsync {fsync}")
-    print(f"medians of {args.rounds} interleaved rounds; the floor is redis-py with its defaults;")
-    print(f"{os.cpu_count()} cpus, load average {load}")
-    print(f"{'measure':<32} {'store':>10} {'raw floor':>10} {'ratio':>8}  target")
+    lines = [
+        f"teamrt bench --store: RedisStore vs raw redis-py (hiredis, RESP2), appendfsync {fsync}",
+        f"medians of {args.rounds} interleaved rounds; the floor is redis-py with its defaults;",
+        f"{os.cpu_count()} cpus, load average {load}",
+        f"{'measure':<32} {'store':>10} {'raw floor':>10} {'ratio':>8}  target",
+    ]
 
     def row(name: str, s: float, r: float, target: str = "", ok: bool | None = None) -> None:
         unit = "ms" if name.startswith("rtt") else "/s"
         shown = f"{s:.3f} {r:>10.3f}" if unit == "ms" else f"{s:,.0f} {r:>10,.0f}"
         verdict = "" if ok is None else ("met" if ok else "MISSED")
-        print(f"{name + ' (' + unit + ')':<32} {shown:>21} {s / r:>7.2f}x  {target} {verdict}")
+        label = f"{name} ({unit})"
+        lines.append(f"{label:<32} {shown:>21} {s / r:>7.2f}x  {target} {verdict}")
 
     def median(key: str) -> float:
         return statistics.median(results[key])
@@ -326,6 +329,13 @@ def report(results: dict[str, list[float]], args: argparse.Namespace) -> None:
     for name in ("batched sends/s", "drain/s"):
         s, r = median(f"{name} store"), median(f"{name} raw")
         row(name, s, r, ">= 0.8x", s >= 0.8 * r)
+    return lines
+
+
+def as_json(results: dict[str, list[float]], args: argparse.Namespace) -> dict[str, Any]:
+    """A run as `--json` prints it: the median of each figure."""
+    medians = {name: statistics.median(values) for name, values in results.items()}
+    return {"store": "redis", "rounds": args.rounds, "medians": medians}
 
 
 async def _destroy_when_free(url: str) -> None:
@@ -340,8 +350,11 @@ async def _destroy_when_free(url: str) -> None:
     print(f"teamrt bench: the team in {redacted(url)} was left behind (its leases did not expire)")
 
 
-def run_store_bench(store: str, *, quick: bool = False, as_json: bool = False) -> int:
-    """`teamrt bench --store STORE`: STORE is `redis` (a private server) or a Redis URL."""
+def measure_store(
+    store: str, *, quick: bool = False
+) -> tuple[dict[str, list[float]], argparse.Namespace]:
+    """`teamrt bench --store STORE`: STORE is `redis` (a private server) or a Redis URL. The
+    samples of each figure, and the run's settings (for `report` and `as_json`)."""
     if store != "redis" and not store.startswith(("redis://", "rediss://", "unix://")):
         raise UsageError(
             f"--store {store!r}: give a Redis URL (redis://HOST:PORT/DB), or `redis` for a "
@@ -355,17 +368,11 @@ def run_store_bench(store: str, *, quick: bool = False, as_json: bool = False) -
         batched=10000 if quick else 20000,
         appendfsync="everysec",
     )
-    results = anyio.run(measure, args)
-    if as_json:
-        medians = {name: statistics.median(values) for name, values in results.items()}
-        print(json.dumps({"store": "redis", "rounds": args.rounds, "medians": medians}, indent=2))
-    else:
-        report(results, args)
-    return 0
+    return anyio.run(measure, args), args
 
 
 def _echo_main() -> None:
-    """A child of the bench: `python -m teamrt.cli.bench_store MODE ARGS...`."""
+    """A child of the bench: `python -m teamrt.bench.store MODE ARGS...`."""
     mode, *rest = sys.argv[1:]
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     echoes: dict[str, Callable[..., Awaitable[None]]] = {

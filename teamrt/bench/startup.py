@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING
 
 import anyio
 
-from teamrt.cli.bench_stats import Figure
-
-if TYPE_CHECKING:
-    from teamrt.cli.bench import Bench
+from teamrt.bench.harness import Bench
+from teamrt.bench.stats import Figure
 
 IMPORT_TARGET_MS = 300.0
 
@@ -38,6 +35,7 @@ async def _once(args: list[str], cwd: str) -> float:
 
 
 async def startup_figures(bench: Bench) -> None:
+    """The `startup` group: each of `_PROGRAMS` in fresh processes beside `python -c pass`."""
     # each run of every program is a round; smoke sizes: a check that it works
     runs = max(bench.rounds, 3 if bench.smoke else 5 if bench.quick else 9)
     cwd = str(bench.root)  # outside any checkout: the installed teamrt is what is imported
