@@ -246,7 +246,7 @@ async def run(
 
 
 async def _run(team_dir: Path, store: str | None, model: str, live: bool, two_process: bool) -> int:
-    from teamrt.cli.live import live_view
+    from teamrt.demos.live import live_view
 
     layout = TeamDir(team_dir)
     local = teammates(model)

@@ -114,7 +114,7 @@ async def test_a_task_streams_from_a_teammate_in_another_process(tmp_path: Path)
 
 
 async def test_the_live_view_shows_what_a_streaming_teammate_writes() -> None:
-    from teamrt.cli.live import live_view
+    from teamrt.demos.live import live_view
 
     out = io.StringIO()
     writer = Teammate("w", FunctionModel(lambda m, t: "drafting the intro now"), stream=True)

@@ -336,7 +336,7 @@ async def test_mail_racing_the_end_of_a_task_reaches_the_next_one() -> None:
 async def test_live_view_prints_each_change_when_not_a_terminal() -> None:
     import io
 
-    from teamrt.cli.live import live_view
+    from teamrt.demos.live import live_view
 
     out = io.StringIO()
     async with (

@@ -10,7 +10,7 @@ import anyio
 
 from teamrt import MemoryMailboxes
 from teamrt.agents import tool
-from teamrt.cli.live import live_view
+from teamrt.demos.live import live_view
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, Usage, call
 from teamrt.team import Team, Teammate
 
