@@ -75,34 +75,25 @@ class ModelCalls:
             rest = max(0.0, limits.max_model_time - state.model_time)
             per_call = rest if per_call is None else min(per_call, rest)
         bound = min(left, per_call if per_call is not None else math.inf)
-        clock = agent.clock
-        started = clock()
+        started = agent.clock()
         try:
-            reply = await self._bounded(state, specs, output, bound)
-            if reply is not None:
-                state.attempts += reply.attempts
-                if reply.rate_limited:
-                    state.rate_limited += reply.rate_limited
-                if reply.usage_estimated and not state.usage_estimated:
-                    state.usage_estimated = True
-                return reply
-            if per_call is not None and per_call < left:
-                model_time = state.model_time + clock() - started
-                limit = limits.max_model_time
-                if limit is not None and model_time >= limit:
-                    raise LimitExceeded(
-                        "max_model_time",
-                        limit,
-                        round(model_time, 3),
-                        "the time spent waiting for the model (s) ran out during a call:",
-                    )
-                raise LimitExceeded(
-                    "model_timeout",
-                    limits.model_timeout or per_call,
-                    round(clock() - started, 3),
-                    "a model call (retries included) took longer than allowed (s):",
+            try:
+                if bound == math.inf:  # no deadline: no timer to set and take back
+                    reply = await self._asking(state, specs, output)
+                else:
+                    reply = await self._bounded(state, specs, output, bound)
+            except _Expired:
+                raise self._expired(state, started, per_call, left, passed) from None
+            if reply is None:  # a broken model's fault, not a deadline
+                raise ModelError(
+                    f"{agent.model.name}: the model call returned None, not a ModelReply"
                 )
-            raise passed("during a model call")
+            state.attempts += reply.attempts
+            if reply.rate_limited:
+                state.rate_limited += reply.rate_limited
+            if reply.usage_estimated and not state.usage_estimated:
+                state.usage_estimated = True
+            return reply
         except LimitExceeded as exc:
             stop_at_limit(state, exc)
         except ModelError as exc:
@@ -117,37 +108,59 @@ class ModelCalls:
             log.warning("%s stopped: %s", state.agent, detail)
             state.stop = Stop(reason="model_error", detail=detail)
         finally:
-            state.model_time += clock() - started
+            state.model_time += agent.clock() - started
         return None
 
     async def _bounded(
         self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None, bound: float
-    ) -> ModelReply | None:
-        """The reply of a call that must end within `bound` seconds; None if it did not."""
-        if bound == math.inf:  # no deadline: no timeout to enter and leave
+    ) -> ModelReply:
+        """The reply of a call that must end within `bound` seconds; `_Expired` if it did not."""
+        deadlines = self.deadlines
+        deadlines.start(bound)
+        try:
             reply = await self._asking(state, specs, output)
-        else:
-            deadlines = self.deadlines
-            deadlines.start(bound)
-            try:
-                reply = await self._asking(state, specs, output)
-            except (asyncio.CancelledError, TimeoutError):
-                # the deadline's cancellation (taken back), or a TimeoutError a model made of
-                # it, is the deadline; any other is a cancellation of this task, or the model's
-                # own timeout
-                if not deadlines.finish():
-                    raise
-                return None
-            except BaseException:
-                deadlines.finish()
+        except (asyncio.CancelledError, TimeoutError):
+            # the deadline's cancellation (taken back), or a TimeoutError a model made of it,
+            # is the deadline; any other is a cancellation of this task, or the model's own
+            # timeout
+            if not deadlines.finish():
                 raise
-            else:
-                deadlines.finish()  # (a cancellation the model swallowed is taken back)
-        if reply is None:  # a broken model's fault, not a deadline
-            raise ModelError(
-                f"{self.agent.model.name}: the model call returned None, not a ModelReply"
-            )
+            raise _Expired from None
+        except BaseException:
+            deadlines.finish()
+            raise
+        deadlines.finish()  # (a cancellation the model swallowed is taken back)
         return reply
+
+    def _expired(
+        self,
+        state: AgentState,
+        started: float,
+        per_call: float | None,
+        left: float,
+        passed: Passed,
+    ) -> LimitExceeded:
+        """The limit a call cut short at `bound` reached: its own timeout, the task's model
+        time, or the run's (or the team's) deadline."""
+        if per_call is None or per_call >= left:
+            return passed("during a model call")
+        limits = self.agent.limits
+        clock = self.agent.clock
+        model_time = state.model_time + clock() - started
+        limit = limits.max_model_time
+        if limit is not None and model_time >= limit:
+            return LimitExceeded(
+                "max_model_time",
+                limit,
+                round(model_time, 3),
+                "the time spent waiting for the model (s) ran out during a call:",
+            )
+        return LimitExceeded(
+            "model_timeout",
+            limits.model_timeout or per_call,
+            round(clock() - started, 3),
+            "a model call (retries included) took longer than allowed (s):",
+        )
 
     def _asking(
         self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None
@@ -258,6 +271,10 @@ class ModelCalls:
         if journal is not None:
             journal.replace(state.messages, state.task_index)
         return True
+
+
+class _Expired(Exception):
+    """A model call's deadline passed (its cancellation taken back)."""
 
 
 def model_failed(state: AgentState, exc: ModelError) -> None:
