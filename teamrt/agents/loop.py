@@ -29,7 +29,7 @@ The driver never raises for the model's or the tools' misbehaviour: that is data
 from __future__ import annotations
 
 import contextlib
-import math
+import functools
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -40,9 +40,16 @@ from typing import Any, Protocol, runtime_checkable
 import anyio
 
 from teamrt.agents import traced
-from teamrt.agents.events import AgentEvent, EventSink, ToolCallFinished, ToolCallStarted
+from teamrt.agents.deadline import time_left
+from teamrt.agents.events import (
+    AgentEvent,
+    EventSink,
+    ToolCallFinished,
+    ToolCallStarted,
+    event_stream,
+)
 from teamrt.agents.journal import Journal, Transcript
-from teamrt.agents.limits import PRICES, Limits, price_of
+from teamrt.agents.limits import PRICES, Limits, check_priced, check_priced_now
 from teamrt.agents.memory import Memory
 from teamrt.agents.modelcall import ModelCalls
 from teamrt.agents.output import FINAL_TOOL, Accepted, OutputType
@@ -68,6 +75,7 @@ from teamrt.agents.step import (
     StepWork,
     Truncated,
     begin,
+    count,
     decide,
     report_of,
     same_task,
@@ -81,7 +89,6 @@ from teamrt.errors import LimitExceeded, StopRequested, TaskWithdrawn, UsageErro
 from teamrt.models.base import (
     ChatMessage,
     Model,
-    ModelReply,
     OutputSpec,
     StructuredOutputModel,
     Usage,
@@ -255,7 +262,7 @@ class Agent:
         self._takes_schema: tuple[Model | None, bool] = (None, False)  # model, structured?
         self._machine = self._step_machine(None)
         self.output_type = output_type
-        self._check_priced(model.name)
+        check_priced(self.limits, budget, model.name, self.prices)
 
     @property
     def output_type(self) -> Any:
@@ -297,39 +304,6 @@ class Agent:
             accepted=self._accepted,
         )
 
-    def _check_priced_now(self) -> None:
-        """A shared cost budget may become known after this agent was made (a member in
-        another process follows the lead's): an unpriced model stops at it, never runs free."""
-        max_cost = getattr(self.budget, "max_cost", None)
-        if (
-            max_cost is not None
-            and getattr(self.budget, "unpriced", "refuse") == "refuse"
-            and not price_of(self.model.name, self.prices)
-        ):
-            raise LimitExceeded(
-                "team_max_cost",
-                max_cost,
-                0,
-                f"model {self.model.name!r} has no price, so the team's cost budget cannot be "
-                "kept (give its price, or unpriced='tokens'):",
-            )
-
-    def _check_priced(self, model: str) -> None:
-        """A cost budget (the agent's or a shared one) needs the model's price, unless it was
-        told to count tokens only."""
-        budgets = [(self.limits.max_cost, self.limits.unpriced, "the agent's")]
-        if self.budget is not None:
-            shared = getattr(self.budget, "max_cost", None)
-            budgets.append((shared, getattr(self.budget, "unpriced", "refuse"), "the team's"))
-        for max_cost, unpriced, whose in budgets:
-            if max_cost is not None and unpriced == "refuse" and not price_of(model, self.prices):
-                raise UsageError(
-                    f"{whose} cost budget (${max_cost:g}) cannot be kept with model {model!r}, "
-                    "which has no price: pass prices={name: (usd_per_m_input, "
-                    "usd_per_m_output)} (or TEAMRT_PRICES for the demos), or unpriced='tokens' "
-                    "to count tokens only"
-                )
-
     # -- entry points --
 
     async def run(
@@ -365,39 +339,9 @@ class Agent:
 
         Leaving the block before the report cancels the run.
         """
-        send, receive = anyio.create_memory_object_stream[AgentEvent](math.inf)
-        previous = self.on_event
-
-        async def relay(event: AgentEvent) -> None:
-            if previous is not None:
-                await previous(event)
-            await send.send(event)
-
-        async def drive() -> None:
-            async with send:
-                self.on_event = relay
-                try:
-                    report = await self.run(task, task_id=task_id, resume=resume)
-                finally:
-                    self.on_event = previous
-                await send.send(report)
-
-        failure: Exception | None = None
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(drive)
-                with receive:
-                    try:
-                        yield receive
-                    except Exception as exc:  # the consumer's error, raised as it is
-                        failure = exc
-                tg.cancel_scope.cancel()  # the consumer left: a run still going is cancelled
-        except BaseExceptionGroup as group:  # the run's own error (ToolCrashed, say), as is
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
-        if failure is not None:
-            raise failure
+        run = functools.partial(self.run, task, task_id=task_id, resume=resume)
+        async with event_stream(self, run) as events:
+            yield events
 
     async def resume(self) -> RunReport:
         """Continue the run saved in the checkpoint journal."""
@@ -528,10 +472,22 @@ class Agent:
                         state.steps + 1, state.messages, reply, replaced, typed, output is not None
                     )
                 if self.budget is None:
-                    machine.count(state, reply.usage, self.model.name)
+                    count(state, reply.usage, self.model.name, self.prices)
                 else:
                     await self._calls.charge(state, reply.usage, self.model.name)
-                open_step = self._opened(state, reply, injected, elapsed())
+                # the reply is journaled, with the inputs it took in, before a tool runs
+                open_step = machine.replied(state, reply)
+                handled = self.inbound.handled() if self.inbound is not None else []
+                if handled:
+                    state.remember_handled(handled)
+                if self.journal is not None:
+                    self.journal.call(
+                        state, injected, handled, open_step.reply, reply.usage, reply.finish_reason
+                    )
+                if self.inbound is not None:
+                    self.inbound.recorded()  # what it delivered is in the journal now
+                state.open_step = open_step
+                state.elapsed = elapsed()
                 with self._interruptible() as self._in_flight:
                     await self._finish_step(state, open_step, suspends)
                 if self._withdrawn is not None and state.stop is None:  # (its tools cut short)
@@ -544,25 +500,6 @@ class Agent:
             self.journal.stop(state)  # a shutdown leaves the task open: the next one resumes it
         return machine.report(state)
 
-    def _opened(
-        self, state: AgentState, reply: ModelReply, injected: list[ChatMessage], elapsed: float
-    ) -> OpenStep:
-        """The step a reply opens, journaled (with the inputs it took in) before a tool runs."""
-        open_step = self._machine.replied(state, reply)
-        inbound = self.inbound
-        handled = inbound.handled() if inbound is not None else []
-        if handled:
-            state.remember_handled(handled)
-        if self.journal is not None:
-            self.journal.call(
-                state, injected, handled, open_step.reply, reply.usage, reply.finish_reason
-            )
-        if inbound is not None:
-            inbound.recorded()  # what it delivered is in the journal now
-        state.open_step = open_step
-        state.elapsed = elapsed
-        return open_step
-
     async def _finish_step(
         self, state: AgentState, step: OpenStep, checkpointed: bool = False
     ) -> None:
@@ -572,15 +509,15 @@ class Agent:
         checkpoint of its own."""
         machine = self._machine
         work = StepWork(dict(step.results), step.reply.tool_calls, checkpointed)
-        run = machine.take(state, step, work)
+        pending = machine.take(state, step, work)
         journal = self.journal
         if work.fresh and journal is not None:
             for call_id, message in work.fresh:
                 journal.result(call_id, message)
-        if run is not None:
-            left, passed = self._calls.time_left()
-            await self._tools.run(state, run.pending, work, left, passed)
-            machine.account(state, run, work)
+        if pending is not None:
+            left, passed = time_left(self.limits, self.budget, self._calls.elapsed)
+            await self._tools.run(state, pending, work, left, passed)
+            machine.account(state, work)
         machine.close(state, step, work)
         inbound = self.inbound
         handled = inbound.handled() if inbound is not None else []
@@ -598,7 +535,7 @@ class Agent:
         assert self.budget is not None
         try:
             await self.budget.check()
-            self._check_priced_now()
+            check_priced_now(self.budget, self.model.name, self.prices)
         except LimitExceeded as exc:
             stop_at_limit(state, exc)
             return False

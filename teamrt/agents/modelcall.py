@@ -50,11 +50,6 @@ class ModelCalls:
         self.deadlines = CallDeadlines()
         self.elapsed: Callable[[], float] = lambda: 0.0
 
-    def time_left(self) -> tuple[float, Passed]:
-        """Seconds until the nearest deadline, and the error that says which one passed."""
-        agent = self.agent
-        return time_left(agent.limits, agent.budget, self.elapsed)
-
     async def charge(self, state: AgentState, usage: Usage, model: str) -> None:
         """Count a call's spend in the run, and charge it to the shared budget."""
         agent = self.agent
@@ -69,7 +64,7 @@ class ModelCalls:
         """The model's reply, or None with the run's stop made (a limit, the model's failure)."""
         agent = self.agent
         limits = agent.limits
-        left, passed = self.time_left()
+        left, passed = time_left(agent.limits, agent.budget, self.elapsed)
         per_call = limits.model_timeout
         if limits.max_model_time is not None:  # what is left of the task's model time
             rest = max(0.0, limits.max_model_time - state.model_time)
@@ -77,13 +72,24 @@ class ModelCalls:
         bound = min(left, per_call if per_call is not None else math.inf)
         started = agent.clock()
         try:
-            try:
-                if bound == math.inf:  # no deadline: no timer to set and take back
+            if bound == math.inf:  # no deadline: no timer to set and take back
+                reply = await self._asking(state, specs, output)
+            else:
+                deadlines = self.deadlines
+                deadlines.start(bound)
+                try:
                     reply = await self._asking(state, specs, output)
-                else:
-                    reply = await self._bounded(state, specs, output, bound)
-            except _Expired:
-                raise self._expired(state, started, per_call, left, passed) from None
+                except (asyncio.CancelledError, TimeoutError):
+                    # the deadline's cancellation (taken back), or a TimeoutError a model made
+                    # of it, is the deadline; any other is a cancellation of this task, or the
+                    # model's own timeout
+                    if not deadlines.finish():
+                        raise
+                    raise self._expired(state, started, per_call, left, passed) from None
+                except BaseException:
+                    deadlines.finish()
+                    raise
+                deadlines.finish()  # (a cancellation the model swallowed is taken back)
             if reply is None:  # a broken model's fault, not a deadline
                 raise ModelError(
                     f"{agent.model.name}: the model call returned None, not a ModelReply"
@@ -111,27 +117,6 @@ class ModelCalls:
             state.model_time += agent.clock() - started
         return None
 
-    async def _bounded(
-        self, state: AgentState, specs: Sequence[Any], output: OutputSpec | None, bound: float
-    ) -> ModelReply:
-        """The reply of a call that must end within `bound` seconds; `_Expired` if it did not."""
-        deadlines = self.deadlines
-        deadlines.start(bound)
-        try:
-            reply = await self._asking(state, specs, output)
-        except (asyncio.CancelledError, TimeoutError):
-            # the deadline's cancellation (taken back), or a TimeoutError a model made of it,
-            # is the deadline; any other is a cancellation of this task, or the model's own
-            # timeout
-            if not deadlines.finish():
-                raise
-            raise _Expired from None
-        except BaseException:
-            deadlines.finish()
-            raise
-        deadlines.finish()  # (a cancellation the model swallowed is taken back)
-        return reply
-
     def _expired(
         self,
         state: AgentState,
@@ -140,7 +125,7 @@ class ModelCalls:
         left: float,
         passed: Passed,
     ) -> LimitExceeded:
-        """The limit a call cut short at `bound` reached: its own timeout, the task's model
+        """The limit a call cut short by its deadline reached: its own timeout, the task's model
         time, or the run's (or the team's) deadline."""
         if per_call is None or per_call >= left:
             return passed("during a model call")
@@ -230,7 +215,7 @@ class ModelCalls:
         deadlines and `model_timeout` stop it, and its failure is a `model_error` stop. True
         if the conversation was replaced."""
         agent = self.agent
-        left, passed = self.time_left()
+        left, passed = time_left(agent.limits, agent.budget, self.elapsed)
         per_call = agent.limits.model_timeout
         bound = min(left, per_call if per_call is not None else math.inf)
         started = agent.clock()
@@ -271,10 +256,6 @@ class ModelCalls:
         if journal is not None:
             journal.replace(state.messages, state.task_index)
         return True
-
-
-class _Expired(Exception):
-    """A model call's deadline passed (its cancellation taken back)."""
 
 
 def model_failed(state: AgentState, exc: ModelError) -> None:

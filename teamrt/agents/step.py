@@ -7,9 +7,10 @@ clock), changes the state, and says what the driver (`teamrt.agents.loop.Agent`)
 - `next(state, elapsed)` before a model call: `RESUME_STEP` (a resumed run stopped between a
   reply and its results), `CALL_MODEL`, or `STOPPED` (a limit was reached: `state.stop` says
   which);
-- `take(state, step, work)` on a recorded reply: `RunTools` (the admitted calls to run), or
-  None when the step needs no tool (an answer, a nudge, a request to continue, a stop);
-- `account(state, run, work)` on the results of those calls: the counters of progress and
+- `take(state, step, work)` on a recorded reply: the admitted calls still to run (all of them
+  are in `work.admitted`), or None when the step needs no tool (an answer, a nudge, a request
+  to continue, a stop);
+- `account(state, work)` on the results of those calls: the counters of progress and
   errors, and the limits checked after tools;
 - `close(state, step, work)`: the step's messages added to the conversation.
 
@@ -195,10 +196,15 @@ class ResultIndex:
         return True
 
 
+_NONE: list[ToolCall] = []  # (never appended to: an admission makes its own list)
+_NO_IDS: set[str] = set()
+
+
 class StepWork:
     """What one step's tool calls produced, in call order."""
 
     __slots__ = (
+        "admitted",
         "appended",
         "arguments",
         "calls",
@@ -207,6 +213,7 @@ class StepWork:
         "fresh",
         "reply_calls",
         "results",
+        "waiting",
     )
 
     def __init__(
@@ -225,6 +232,10 @@ class StepWork:
         self.digests: list[str] = []
         # results the step machine made (not run), for the driver to journal
         self.fresh: list[tuple[str, ChatMessage]] = []
+        # the calls admitted to run (see `StepMachine.take`), and of them the ids of calls to
+        # tools that wait for others
+        self.admitted: list[ToolCall] = _NONE
+        self.waiting: set[str] = _NO_IDS
 
     def record(self, call: ToolCall, message: ChatMessage) -> None:
         """A result the step machine made for `call` (the driver journals `fresh`)."""
@@ -256,16 +267,6 @@ CALL_MODEL = CallModel()
 STOPPED = Stopped()
 
 Next = ResumeStep | CallModel | Stopped
-
-
-@dataclass(frozen=True, slots=True)
-class RunTools:
-    """Run `pending` (the admitted calls without a result yet), then `account` for all the
-    `admitted` ones; `waiting`: ids of calls to tools that wait for others."""
-
-    admitted: list[ToolCall]
-    pending: list[ToolCall]
-    waiting: set[str]
 
 
 def stop_at_limit(state: AgentState, exc: LimitExceeded) -> None:
@@ -351,9 +352,10 @@ class StepMachine:
         state.steps += 1
         return OpenStep.of(reply.as_message(), reply.finish_reason)
 
-    def take(self, state: AgentState, step: OpenStep, work: StepWork) -> RunTools | None:
-        """Act on a recorded reply: the tool calls to run, or None when the step is decided
-        without running any (its messages are in `work`, a stop in `state.stop`)."""
+    def take(self, state: AgentState, step: OpenStep, work: StepWork) -> list[ToolCall] | None:
+        """Act on a recorded reply: the tool calls to run (the admitted ones without a result
+        yet), or None when the step is decided without running any (its messages are in
+        `work`, a stop in `state.stop`); then `account` for the admitted calls' results."""
         reply = step.reply
         decision = decide_parts(reply.content, reply.tool_calls, step.finish_reason, work.arguments)
         if self.output is not None and any(c.name == FINAL_TOOL for c in reply.tool_calls):
@@ -411,7 +413,7 @@ class StepMachine:
 
     def _admit(
         self, state: AgentState, tool_calls: tuple[ToolCall, ...], work: StepWork
-    ) -> RunTools | None:
+    ) -> list[ToolCall] | None:
         """Admit the calls in order against the limits; the first refused one stops the run,
         and it and the calls after it get a NotRun result."""
         admitted: list[ToolCall] = []
@@ -446,16 +448,16 @@ class StepMachine:
             admitted.append(call)
         if not admitted:  # (the first call was refused: the run is stopped)
             return None
+        work.admitted, work.waiting = admitted, waiting
         results = work.results
-        pending = [c for c in admitted if c.id not in results] if results else admitted
-        return RunTools(admitted, pending, waiting)
+        return [c for c in admitted if c.id not in results] if results else admitted
 
-    def account(self, state: AgentState, run: RunTools, work: StepWork) -> None:
+    def account(self, state: AgentState, work: StepWork) -> None:
         """Count the admitted calls' results, in call order: errors, and whether anything new
         was learned (a waiting tool's result is neither); then the limits after tools."""
         learned = waited = False
-        waiting = run.waiting
-        for call in run.admitted:
+        waiting = work.waiting
+        for call in work.admitted:
             message = work.results[call.id]
             if waiting and call.id in waiting:
                 waited = True
