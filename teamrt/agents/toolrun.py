@@ -93,7 +93,7 @@ class ToolRunner:
             if work.checkpointed:
                 work.checkpointed = False
             else:
-                await asyncio.sleep(0)  # anyio's checkpoint on asyncio, without its look-ups
+                await asyncio.sleep(0)  # (what anyio's checkpoint is on asyncio)
         if agent.fence is not None:  # a fresh look: a paused process's own flags are stale
             await agent.fence.check()  # LeaseLost: the call does not run, the incarnation stops
         toolbox = agent.toolbox

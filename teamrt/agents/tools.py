@@ -316,8 +316,9 @@ def tool(
 
 
 #: Arguments models by function code and fields, and type hints by function code: a team makes
-#: the same messaging tools (closures of one function) for each of its members, and a pydantic
-#: model costs about a millisecond. Each cache starts afresh past `_KEPT` entries.
+#: the same messaging tools (closures of one function) for each of its members, and they share
+#: one arguments model rather than each making its own. Each cache starts afresh past `_KEPT`
+#: entries.
 _ARGUMENT_MODELS: dict[tuple[Any, ...], type[BaseModel]] = {}
 _KEPT = 1024
 _HINTS: dict[Any, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
