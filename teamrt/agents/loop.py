@@ -39,6 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
+from teamrt import telemetry
 from teamrt.agents import traced
 from teamrt.agents.deadline import time_left
 from teamrt.agents.events import (
@@ -408,6 +409,8 @@ class Agent:
         # (a sub-agent, with no fence of its own, shows its teammate's to its tools)
         fenced = _current_fence.set(self.fence.token) if self.fence is not None else None
         try:
+            if not telemetry.enabled():  # the run's span, only when there is one to make
+                return await self._steps(state)
             return await traced.invoke_agent(self.name, state.task_id, self._steps(state))
         finally:
             if fenced is not None:
