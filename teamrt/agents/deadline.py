@@ -1,6 +1,6 @@
 """Deadlines of an agent's run: the timer of its model calls, and what is left of its time.
 
-`CallDeadlines` puts one call after another (a run's model calls) on one timer. `time_left`
+`CallDeadlines` puts one call after another (a run's model calls) on one timer. `RunTime`
 says how long until the nearest deadline (the run's own, or a shared budget's) and which one
 it is, so that a call cut short by it can say which passed.
 """
@@ -31,35 +31,44 @@ def within(seconds: float) -> contextlib.AbstractContextManager[Any]:
     return anyio.move_on_after(seconds) if seconds < math.inf else UNBOUNDED
 
 
-def deadline_passed(limits: Limits, elapsed: float, during: str) -> LimitExceeded:
-    """The error of the run's own deadline, passed after `elapsed` seconds `during` a call."""
-    return LimitExceeded(
-        "deadline",
-        limits.deadline or 0.0,
-        round(elapsed, 3),
-        f"the wall-clock deadline (s) passed {during}:",
-    )
+class RunTime:
+    """A run's time: `elapsed()` seconds so far, and what is left of it before the nearest
+    deadline (the run's own in `limits`, or a shared budget's `time_left()`)."""
 
+    __slots__ = ("_own", "budget", "elapsed", "limits")
 
-def time_left(limits: Limits, budget: Any, elapsed: Callable[[], float]) -> tuple[float, Passed]:
-    """Seconds until the nearest deadline (the run's, or a shared budget's `time_left()`),
-    and the error that says which one passed, given what was running."""
+    def __init__(self, limits: Limits, budget: Any, elapsed: Callable[[], float]) -> None:
+        self.limits = limits
+        self.budget = budget
+        self.elapsed = elapsed
+        self._own: Passed = self.deadline_passed
 
-    def own(during: str) -> LimitExceeded:
-        return deadline_passed(limits, elapsed(), during)
+    def deadline_passed(self, during: str) -> LimitExceeded:
+        """The error of the run's own deadline, passed `during` a call."""
+        return LimitExceeded(
+            "deadline",
+            self.limits.deadline or 0.0,
+            round(self.elapsed(), 3),
+            f"the wall-clock deadline (s) passed {during}:",
+        )
 
-    if limits.deadline is None and budget is None:
-        return math.inf, own  # (never called: there is no deadline)
-    left, which = math.inf, "deadline"
-    if limits.deadline is not None:
-        left = limits.deadline - elapsed()
-    shared = getattr(budget, "time_left", None)
-    team_left = shared() if shared is not None else None
-    if team_left is not None and team_left < left:
-        left, which = team_left, "team_deadline"
+    def left(self) -> tuple[float, Passed]:
+        """Seconds until the nearest deadline, and the error that says which one passed,
+        given what was running."""
+        limits, budget = self.limits, self.budget
+        if limits.deadline is None and budget is None:
+            return math.inf, self._own  # (never called: there is no deadline)
+        left, which = math.inf, "deadline"
+        if limits.deadline is not None:
+            left = limits.deadline - self.elapsed()
+        shared = getattr(budget, "time_left", None)
+        team_left = shared() if shared is not None else None
+        if team_left is not None and team_left < left:
+            left, which = team_left, "team_deadline"
+        if which == "deadline" or shared is None:
+            return max(0.0, left), self._own
 
-    def passed(during: str) -> LimitExceeded:
-        if which == "team_deadline" and shared is not None:
+        def passed(during: str) -> LimitExceeded:
             deadline = getattr(budget, "deadline", 0.0) or 0.0
             return LimitExceeded(
                 "team_deadline",
@@ -67,9 +76,8 @@ def time_left(limits: Limits, budget: Any, elapsed: Callable[[], float]) -> tupl
                 round(deadline - (shared() or 0.0), 3),
                 f"the team's wall-clock deadline (s) passed {during}:",
             )
-        return own(during)
 
-    return max(0.0, left), passed
+        return max(0.0, left), passed
 
 
 class CallDeadlines:

@@ -41,7 +41,7 @@ import anyio
 
 from teamrt import telemetry
 from teamrt.agents import traced
-from teamrt.agents.deadline import time_left
+from teamrt.agents.deadline import RunTime
 from teamrt.agents.events import (
     AgentEvent,
     EventSink,
@@ -430,7 +430,7 @@ class Agent:
         def elapsed() -> float:
             return elapsed_before + self.clock() - started
 
-        self._calls.elapsed = elapsed
+        self._calls.time = RunTime(self.limits, self.budget, elapsed)
         machine = self._machine = self._step_machine(output)
         typed = self._output.spec if self._output is not None else None
         # each model call yields (`Model`): it stands for the step's first checkpoint, unless
@@ -479,7 +479,8 @@ class Agent:
                 else:
                     await self._calls.charge(state, reply.usage, self.model.name)
                 # the reply is journaled, with the inputs it took in, before a tool runs
-                open_step = machine.replied(state, reply)
+                state.steps += 1
+                open_step = OpenStep.of(reply.as_message(), reply.finish_reason)
                 handled = self.inbound.handled() if self.inbound is not None else []
                 if handled:
                     state.remember_handled(handled)
@@ -518,7 +519,7 @@ class Agent:
             for call_id, message in work.fresh:
                 journal.result(call_id, message)
         if pending is not None:
-            left, passed = time_left(self.limits, self.budget, self._calls.elapsed)
+            left, passed = self._calls.time.left()
             await self._tools.run(state, pending, work, left, passed)
             machine.account(state, work)
         machine.close(state, step, work)
@@ -526,7 +527,7 @@ class Agent:
         handled = inbound.handled() if inbound is not None else []
         if handled:
             state.remember_handled(handled)
-        state.elapsed = self._calls.elapsed()
+        state.elapsed = self._calls.time.elapsed()
         if journal is not None:
             journal.step(state, work.appended, work.calls, work.digests, handled)
         if inbound is not None:

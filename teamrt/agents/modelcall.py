@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
 from teamrt import telemetry
 from teamrt.agents import traced
-from teamrt.agents.deadline import CallDeadlines, Passed, time_left, within
+from teamrt.agents.deadline import CallDeadlines, Passed, RunTime, within
 from teamrt.agents.memory import context_tokens
 from teamrt.agents.state import AgentState, Stop
 from teamrt.agents.step import count, stop_at_limit
@@ -43,12 +43,12 @@ log = logging.getLogger("teamrt.agents")
 
 class ModelCalls:
     """Model calls for `agent` (its model, limits, budget and listener, read as they are at
-    each call). `elapsed`: the seconds of the run so far, set by the driver as a run starts."""
+    each call). `time`: the run's time and deadlines, set by the driver as a run starts."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.deadlines = CallDeadlines()
-        self.elapsed: Callable[[], float] = lambda: 0.0
+        self.time = RunTime(agent.limits, agent.budget, lambda: 0.0)
 
     async def charge(self, state: AgentState, usage: Usage, model: str) -> None:
         """Count a call's spend in the run, and charge it to the shared budget."""
@@ -64,7 +64,7 @@ class ModelCalls:
         """The model's reply, or None with the run's stop made (a limit, the model's failure)."""
         agent = self.agent
         limits = agent.limits
-        left, passed = time_left(agent.limits, agent.budget, self.elapsed)
+        left, passed = self.time.left()
         per_call = limits.model_timeout
         if limits.max_model_time is not None:  # what is left of the task's model time
             rest = max(0.0, limits.max_model_time - state.model_time)
@@ -215,7 +215,7 @@ class ModelCalls:
         deadlines and `model_timeout` stop it, and its failure is a `model_error` stop. True
         if the conversation was replaced."""
         agent = self.agent
-        left, passed = time_left(agent.limits, agent.budget, self.elapsed)
+        left, passed = self.time.left()
         per_call = agent.limits.model_timeout
         bound = min(left, per_call if per_call is not None else math.inf)
         started = agent.clock()

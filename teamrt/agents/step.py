@@ -231,7 +231,7 @@ class StepWork:
         self.calls: list[str] = []  # signatures counted for repeats
         self.digests: list[str] = []
         # results the step machine made (not run), for the driver to journal
-        self.fresh: list[tuple[str, ChatMessage]] = []
+        self.fresh: list[tuple[str, ChatMessage]] | None = None
         # the calls admitted to run (see `StepMachine.take`), and of them the ids of calls to
         # tools that wait for others
         self.admitted: list[ToolCall] = _NONE
@@ -240,6 +240,8 @@ class StepWork:
     def record(self, call: ToolCall, message: ChatMessage) -> None:
         """A result the step machine made for `call` (the driver journals `fresh`)."""
         self.results[call.id] = message
+        if self.fresh is None:
+            self.fresh = []
         self.fresh.append((call.id, message))
 
 
@@ -346,11 +348,6 @@ class StepMachine:
     def count(self, state: AgentState, usage: Usage, model: str) -> float | None:
         """Add a call's usage and cost to the run's; its cost (None: unknown)."""
         return count(state, usage, model, self.prices)
-
-    def replied(self, state: AgentState, reply: ModelReply) -> OpenStep:
-        """A model reply, counted: the step it opens."""
-        state.steps += 1
-        return OpenStep.of(reply.as_message(), reply.finish_reason)
 
     def take(self, state: AgentState, step: OpenStep, work: StepWork) -> list[ToolCall] | None:
         """Act on a recorded reply: the tool calls to run (the admitted ones without a result
