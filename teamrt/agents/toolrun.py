@@ -1,9 +1,9 @@
 """Running a step's admitted tool calls: one alone, several side by side, a waiting one.
 
-`ToolRunner` is the part of the agent's driver that performs the step machine's `RunTools`:
-the calls of one reply run concurrently (at most `max_parallel_tools` at a time), a
-`sequential` tool alone, each result journaled as it comes and announced to listeners, and
-all of them stopped at the run's deadline.
+`ToolRunner` is the part of the agent's driver that runs the calls the step machine admits
+(`StepMachine.take`): the calls of one reply run concurrently (at most `max_parallel_tools`
+at a time), a `sequential` tool alone, each result journaled as it comes and announced to
+listeners, and all of them stopped at the run's deadline.
 """
 
 from __future__ import annotations
