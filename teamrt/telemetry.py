@@ -1,6 +1,6 @@
 """OpenTelemetry spans for teams, agent runs, model calls, tool calls and envelopes (optional).
 
-Off by default, and then it costs one `if` per hook. `enable()` (with the `otel` extra,
+Off by default, and then each hook is one check of `enabled()`. `enable()` (with the `otel` extra,
 `pip install 'teamrt[otel]'`) takes the global tracer provider, or the one given; from then on:
 
 - `task <member>`: a teammate handling a task (its parent is the span that sent the task);

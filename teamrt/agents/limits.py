@@ -198,3 +198,41 @@ class Limits:
                 stale_steps,
                 "no progress: steps in a row brought nothing new,",
             )
+
+
+def check_priced(
+    limits: Limits, budget: object, model: str, prices: dict[str, tuple[float, float]]
+) -> None:
+    """A cost budget (the agent's `limits`, or a shared `budget`'s `max_cost`) needs the
+    model's price, unless it was told to count tokens only (`unpriced='tokens'`)."""
+    budgets = [(limits.max_cost, limits.unpriced, "the agent's")]
+    if budget is not None:
+        shared = getattr(budget, "max_cost", None)
+        budgets.append((shared, getattr(budget, "unpriced", "refuse"), "the team's"))
+    for max_cost, unpriced, whose in budgets:
+        if max_cost is not None and unpriced == "refuse" and not price_of(model, prices):
+            raise UsageError(
+                f"{whose} cost budget (${max_cost:g}) cannot be kept with model {model!r}, "
+                "which has no price: pass prices={name: (usd_per_m_input, "
+                "usd_per_m_output)} (or TEAMRT_PRICES for the demos), or unpriced='tokens' "
+                "to count tokens only"
+            )
+
+
+def check_priced_now(budget: object, model: str, prices: dict[str, tuple[float, float]]) -> None:
+    """A shared cost budget may become known after an agent was made (a member in another
+    process follows the lead's): an unpriced model stops at it (`LimitExceeded`), never runs
+    free."""
+    max_cost = getattr(budget, "max_cost", None)
+    if (
+        max_cost is not None
+        and getattr(budget, "unpriced", "refuse") == "refuse"
+        and not price_of(model, prices)
+    ):
+        raise LimitExceeded(
+            "team_max_cost",
+            max_cost,
+            0,
+            f"model {model!r} has no price, so the team's cost budget cannot be "
+            "kept (give its price, or unpriced='tokens'):",
+        )

@@ -204,16 +204,9 @@ class MCPTools:
                 f"MCP server {self.label!r}: MCP tools need the mcp package "
                 "(pip install 'teamrt[mcp]')"
             ) from exc
-        connection = MCPConnection(self)
         try:
-            async with anyio.create_task_group() as tasks:
-                await tasks.start(connection._hold)
-                if connection._failed is not None:
-                    raise connection._failed
-                try:
-                    yield connection
-                finally:
-                    connection._closing.set()
+            async with MCPConnection(self).held() as connection:
+                yield connection
         except BaseExceptionGroup as group:  # the task group wraps what the block raised
             if len(group.exceptions) != 1:
                 raise
@@ -304,6 +297,19 @@ class MCPConnection:
         return iter(self.tools)
 
     # -- the task that holds the connection --
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[MCPConnection]:
+        """The connection, held by a task of its own for the block (see `connect()`, which
+        unwraps the task group's errors); raises why it could not start, if it could not."""
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(self._hold)
+            if self._failed is not None:
+                raise self._failed
+            try:
+                yield self
+            finally:
+                self._closing.set()
 
     async def _hold(self, *, task_status: TaskStatus[None]) -> None:
         """Connect and list the tools, report started, then hold the connection until it is

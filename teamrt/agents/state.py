@@ -29,7 +29,7 @@ StopReason = Literal[
 HANDLED_MEMORY = 1024
 
 #: How many recent tool-call signatures and result digests the no-progress checks remember.
-#: Bounded, so that saving the state after a step costs the same at step 1,000 as at step 10.
+#: Bounded, so that the state saved after a step does not grow with the run.
 PROGRESS_MEMORY = 256
 
 
@@ -55,7 +55,7 @@ class OpenStep(BaseModel):
 
     @classmethod
     def of(cls, reply: ChatMessage, finish_reason: str | None) -> OpenStep:
-        """The step of a reply just made (once per model call: not validated again)."""
+        """The step of a reply just made (its parts are validated already: not again)."""
         if (
             cls is OpenStep
             and type(reply) is ChatMessage
@@ -108,7 +108,7 @@ class AgentState(BaseModel):
 
     # The loop sets about ten fields a step. No assignment is validated and the state has no
     # private attributes, so a field is set straight into the instance's dict and noted as set
-    # (what pydantic's own path does, at half its cost); any other name goes that path (and is
+    # (what pydantic's own path does, without its checks); any other name goes that path (and is
     # refused), and a subclass that validates assignments or is frozen takes it for every name.
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _STATE_FIELDS:

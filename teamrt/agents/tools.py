@@ -156,7 +156,7 @@ class Tool:
             return _error("ValidationError", _validation_message(exc))
 
     @functools.cached_property
-    def _inline(self) -> bool:
+    def inline(self) -> bool:
         """Whether a call runs on the event loop to its end without awaiting: a plain sync
         function (not `thread`, not `process`)."""
         return not (self.is_async or self.thread or self.process)
@@ -169,8 +169,8 @@ class Tool:
         tool is abandoned (Python cannot stop a thread: its late result is discarded) and a
         `process=True` tool's worker process is killed.
         """
-        if self._inline:
-            return self._call_inline(args)
+        if self.inline:
+            return self.call_now(args)
         if self.gate is not None and (refusal := self.gate()) is not None:
             return _error("PermissionError", refusal)
         kwargs = {name: getattr(args, name) for name in self._arg_names}
@@ -199,7 +199,7 @@ class Tool:
             raise ToolCrashed(f"tool {self.name} raised {result.kind}: {result.message}")
         return self._result(result)
 
-    def _call_inline(self, args: BaseModel) -> ToolResult:
+    def call_now(self, args: BaseModel) -> ToolResult:
         """`call` for a plain sync function: run here, with no coroutine of its own."""
         if self.gate is not None and (refusal := self.gate()) is not None:
             return _error("PermissionError", refusal)
@@ -316,8 +316,9 @@ def tool(
 
 
 #: Arguments models by function code and fields, and type hints by function code: a team makes
-#: the same messaging tools (closures of one function) for each of its members, and a pydantic
-#: model costs about a millisecond. Each cache starts afresh past `_KEPT` entries.
+#: the same messaging tools (closures of one function) for each of its members, and they share
+#: one arguments model rather than each making its own. Each cache starts afresh past `_KEPT`
+#: entries.
 _ARGUMENT_MODELS: dict[tuple[Any, ...], type[BaseModel]] = {}
 _KEPT = 1024
 _HINTS: dict[Any, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
@@ -443,8 +444,8 @@ class Toolbox:
         if found is None:
             available = ", ".join(self._tools) or "none"
             return _error("UnknownTool", f"no tool named {call.name!r}; available: {available}")
-        if found._inline:
-            return self._run_now(call, found)
+        if found.inline:
+            return self.run_now(call, found)
         args = found.parse(call.arguments)
         if isinstance(args, ToolResult):
             return args
@@ -454,14 +455,14 @@ class Toolbox:
         finally:
             _current_call.reset(token)
 
-    def _run_now(self, call: ToolCall, found: Tool) -> ToolResult:
-        """`run` for a call of `found`, a plain sync tool (`Tool._inline`): nothing to await."""
+    def run_now(self, call: ToolCall, found: Tool) -> ToolResult:
+        """`run` for a call of `found`, a plain sync tool (`Tool.inline`): nothing to await."""
         args = found.parse(call.arguments)
         if isinstance(args, ToolResult):
             return args
         token = _current_call.set(call)
         try:
-            return found._call_inline(args)
+            return found.call_now(args)
         finally:
             _current_call.reset(token)
 
