@@ -95,6 +95,7 @@ from teamrt.models.base import (
     Usage,
     message_tokens,
 )
+from teamrt.teamdir import AgentDir
 
 __all__ = [
     "ACCEPTED",
@@ -252,8 +253,9 @@ class Agent:
         self._withdrawn: str | None = None  # why `interrupt` stopped the run
         self._results = ResultIndex()
         if directory is not None:
-            checkpoint = checkpoint or Path(directory) / f"{name}.state.jsonl"
-            transcript = transcript or Path(directory) / f"{name}.transcript.jsonl"
+            files = AgentDir(Path(directory))
+            checkpoint = checkpoint or files.journal(name)
+            transcript = transcript or files.transcript(name)
         self.journal = Journal(checkpoint) if checkpoint is not None else None
         self.transcript = Transcript(transcript) if transcript is not None else None
         self.clock = clock

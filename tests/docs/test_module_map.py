@@ -17,7 +17,8 @@ BRANCH = re.compile(r"^((?:│   |    )*)[├└]── (\S+)")
 def _tree(text: str) -> list[str]:
     """The paths the map's tree names, relative to teamrt/ (folders end with a slash)."""
     block = text.split("```text\nteamrt/\n", 1)[1].split("```", 1)[0]
-    paths, stack = [], []
+    paths: list[str] = []
+    stack: list[str] = []
     for line in block.splitlines():
         match = BRANCH.match(line)
         assert match, f"not a line of the tree: {line!r}"
