@@ -5,7 +5,7 @@ from a seek, and the envelope constructors that build their model without valida
 Each test tries to lose an envelope, deliver one twice, hang a receiver or a requester, or build
 an envelope the validating path (`_build`) would refuse or build differently. Where the claim is
 about processes, a real one writes (this file is also the child:
-`python test_round_trip_waiters.py`).
+`python tests/mail/test_inbox_waiters.py`).
 """
 
 from __future__ import annotations
