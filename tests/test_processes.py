@@ -7,7 +7,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -20,45 +19,9 @@ from teamrt import Envelope, FileMailboxes
 from teamrt.mail.filestore import InboxPaths
 from teamrt.mail.filestore.framing import decode_all
 from teamrt.mail.log import Record
-from tests.support.paths import SUPPORT
+from tests.support.children import drain_all, finish, read_acked, spawn, wait_ready
 
-PROCS = str(SUPPORT / "procs.py")
 MEMBERS = ("lead", "worker")
-
-
-def _spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, PROCS, *args],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-
-def _finish(proc: subprocess.Popen[bytes], expect: int = 0) -> None:
-    """Wait for a child (closing its pipe) and check how it ended."""
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == expect, err.decode()
-
-
-def _wait_ready(paths: list[Path], procs: list[subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + 30
-    while not all(p.exists() for p in paths):
-        for proc in procs:
-            if proc.poll() is not None and proc.returncode != -signal.SIGKILL:
-                _finish(proc)
-        assert time.monotonic() < deadline, "children did not start"
-        time.sleep(0.005)
-
-
-def _acked(path: Path) -> list[tuple[str, str, int]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        id_, sender, i = line.split()
-        rows.append((id_, sender, int(i)))
-    return rows
 
 
 def _drop_torn_row(path: Path) -> None:
@@ -71,16 +34,6 @@ def _drop_torn_row(path: Path) -> None:
             os.truncate(path, data.rfind(b"\n") + 1)
 
 
-async def _drain_all(team: Path) -> tuple[list[Envelope], int]:
-    async with FileMailboxes(team) as mail:
-        inbox, got = mail.inbox("worker"), []
-        while True:
-            try:
-                got.append(inbox.receive_nowait())
-            except anyio.WouldBlock:
-                return got, inbox.statistics().quarantined
-
-
 async def test_concurrent_processes_into_one_inbox(tmp_path: Path, stress: bool) -> None:
     nprocs, count = (8, 2000) if stress else (4, 150)
     team = tmp_path / "t"
@@ -88,15 +41,15 @@ async def test_concurrent_processes_into_one_inbox(tmp_path: Path, stress: bool)
         pass
     acks = [tmp_path / f"acks{k}" for k in range(nprocs)]
     procs = [
-        _spawn("send", str(team), f"s{k}", str(count), "20", str(acks[k]), "0")
+        spawn("send", str(team), f"s{k}", str(count), "20", str(acks[k]), "0")
         for k in range(nprocs)
     ]
-    _wait_ready([Path(f"{a}.ready") for a in acks], procs)
+    wait_ready([Path(f"{a}.ready") for a in acks], procs)
     (tmp_path / "go").touch()
     for proc in procs:
-        _finish(proc)
+        finish(proc)
 
-    got, quarantined = await _drain_all(team)
+    got, quarantined = await drain_all(team)
     assert quarantined == 0
     assert len(got) == nprocs * count  # none lost
     assert len({e.id for e in got}) == len(got)  # none duplicated
@@ -111,7 +64,7 @@ async def test_writer_torn_mid_append_loses_nothing_else(tmp_path: Path) -> None
     async with FileMailboxes(team, members=MEMBERS):
         pass
     acks = tmp_path / "acks"
-    proc = _spawn(
+    proc = spawn(
         "send",
         str(team),
         "s0",
@@ -122,14 +75,14 @@ async def test_writer_torn_mid_append_loses_nothing_else(tmp_path: Path) -> None
         env={"TEAMRT_TEST_FAULT": "torn-append:5000:3"},
     )
     (tmp_path / "go").touch()
-    _finish(proc, -signal.SIGKILL)
-    assert len(_acked(acks)) == 2
+    finish(proc, -signal.SIGKILL)
+    assert len(read_acked(acks)) == 2
     log = (team / "inboxes" / "worker.jsonl").read_bytes()
     assert not log.endswith(b"\n")  # the torn fragment is there, unterminated
 
     async with FileMailboxes(team) as mail:
         await mail.send(Envelope.message("lead", "worker", "after the crash"))
-    got, quarantined = await _drain_all(team)
+    got, quarantined = await drain_all(team)
     assert [e.body["i"] for e in got[:2]] == [0, 1]
     assert got[2].body == "after the crash"
     assert quarantined == 1
@@ -152,30 +105,30 @@ async def test_writers_killed_at_random_never_lose_an_acked_envelope(
         procs = {}
         for name in acks:
             pad = str(rng.choice([3000, 5000, 9000]))  # lines that straddle page boundaries
-            procs[name] = _spawn(
+            procs[name] = spawn(
                 "send", str(team), name, "100000", pad, str(acks[name]), str(next_i[name])
             )
-        _wait_ready([Path(f"{a}.ready") for a in acks.values()], list(procs.values()))
+        wait_ready([Path(f"{a}.ready") for a in acks.values()], list(procs.values()))
         time.sleep(rng.uniform(0.01, 0.08))
         for proc in procs.values():
             proc.send_signal(signal.SIGKILL)
         for name, proc in procs.items():
-            _finish(proc, -signal.SIGKILL)
+            finish(proc, -signal.SIGKILL)
             for path in [Path(f"{acks[name]}.ready")]:
                 path.unlink()
             _drop_torn_row(acks[name])
-            rows = _acked(acks[name])
+            rows = read_acked(acks[name])
             next_i[name] = rows[-1][2] + 1 if rows else 0
 
     # a later writer seals whatever the last kill left
     async with FileMailboxes(team) as mail:
         await mail.send(Envelope.message("lead", "worker", "final"))
 
-    got, quarantined = await _drain_all(team)
+    got, quarantined = await drain_all(team)
     delivered = {e.id for e in got}
-    assert sum(len(_acked(path)) for path in acks.values()) > 0, "every kill came too early"
+    assert sum(len(read_acked(path)) for path in acks.values()) > 0, "every kill came too early"
     for name, path in acks.items():
-        acked = _acked(path)
+        acked = read_acked(path)
         missing = [row for row in acked if row[0] not in delivered]
         assert missing == []  # every acknowledged envelope is delivered
         order = [e.body["i"] for e in got if e.sender == name]
@@ -198,12 +151,12 @@ async def test_consumer_killed_before_ack_gets_the_envelope_again(tmp_path: Path
     async with FileMailboxes(team, members=MEMBERS) as mail:
         await mail.send(first)
     effects = tmp_path / "effects"
-    proc = _spawn("consume-and-die", str(team), str(effects))
-    _finish(proc, -signal.SIGKILL)
+    proc = spawn("consume-and-die", str(team), str(effects))
+    finish(proc, -signal.SIGKILL)
     assert effects.read_text().split() == [first.id]
 
-    proc = _spawn("consume", str(team), str(effects), "1")
-    _finish(proc)
+    proc = spawn("consume", str(team), str(effects), "1")
+    finish(proc)
     assert effects.read_text().split() == [first.id, first.id]  # delivered again
 
     # a sender that retries the same envelope after the ack: dropped by id
@@ -211,8 +164,8 @@ async def test_consumer_killed_before_ack_gets_the_envelope_again(tmp_path: Path
     async with FileMailboxes(team) as mail:
         await mail.send(first)
         await mail.send(second)
-    proc = _spawn("consume", str(team), str(effects), "1")
-    _finish(proc)
+    proc = spawn("consume", str(team), str(effects), "1")
+    finish(proc)
     assert effects.read_text().split() == [first.id, first.id, second.id]
 
 
@@ -221,11 +174,11 @@ async def test_receiver_in_another_process_wakes_on_send(tmp_path: Path) -> None
     team = tmp_path / "t"
     async with FileMailboxes(team, members=MEMBERS) as mail:
         out = tmp_path / "out"
-        proc = _spawn("wait-one", str(team), str(out))
-        _wait_ready([Path(f"{out}.ready")], [proc])
+        proc = spawn("wait-one", str(team), str(out))
+        wait_ready([Path(f"{out}.ready")], [proc])
         await anyio.sleep(0.2)  # let it block in receive()
         await mail.send(Envelope.message("lead", "worker", "wake up"))
-        _finish(proc)
+        finish(proc)
     assert json.loads(out.read_text())["body"] == "wake up"
 
 

@@ -20,7 +20,6 @@ an answer that came during the liveness check was dropped with `TeammateGone`;
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import fcntl
@@ -34,7 +33,7 @@ import sys
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,6 @@ from teamrt.errors import (
     MailboxClosed,
     PayloadError,
     ReceiveTimeout,
-    RequestTimeout,
     StoreCorrupt,
     UsageError,
 )
@@ -60,102 +58,21 @@ from teamrt.mail.filestore import fileio
 from teamrt.mail.filestore.paths import FIRST_READ, READ_CHUNK
 from teamrt.mail.filestore.reader import FileReader, read_cursor
 from teamrt.mail.filestore.store import FileStore
-from teamrt.mail.inbox import Inbox, InboxStatistics
+from teamrt.mail.inbox import InboxStatistics
 from teamrt.mail.log import decode_line, stamp
 from teamrt.mail.mailboxes import Mailboxes
-from teamrt.mail.memory import MemoryStore
+from tests.mail.helpers import (
+    MEMBERS,
+    Backing,
+    answer_all,
+    assert_quiet,
+    file_mail,
+    loop_errors,
+    until,
+)
 from tests.support.paths import ROOT
-from tests.support.redis_server import RedisServer, shared_redis
-
-__all__ = ["shared_redis"]  # the fixture
-
-MEMBERS = ["lead", "worker", "other"]
-
 
 # --- helpers -----------------------------------------------------------------------------------
-
-
-def _file_mail(tmp_path: Path, *, store: dict[str, Any] | None = None, **options: Any) -> Mailboxes:
-    """Mailboxes on a file store in `tmp_path/team` (`store`: the FileStore's options)."""
-    return Mailboxes(FileStore(tmp_path / "team", **(store or {})), members=MEMBERS, **options)
-
-
-class Backing:
-    """One team's storage that several `Mailboxes` can open in turn (a process restart)."""
-
-    def __init__(self, kind: str, make: Callable[..., Mailboxes]) -> None:
-        self.kind = kind
-        self._make = make
-
-    def open(self, **options: Any) -> Mailboxes:
-        return self._make(**options)
-
-
-@pytest.fixture(params=["file", "memory", "redis"])
-def backing(request: pytest.FixtureRequest, tmp_path: Path) -> Backing:
-    if request.param == "file":
-        return Backing("file", lambda **o: _file_mail(tmp_path, **o))
-    if request.param == "memory":
-        store = MemoryStore("team")
-        return Backing("memory", lambda **o: Mailboxes(store, members=MEMBERS, **o))
-    from teamrt.mail.redisstore import RedisStore
-
-    server: RedisServer = request.getfixturevalue("shared_redis")
-    url = server.url()  # a team of its own
-    return Backing("redis", lambda **o: Mailboxes(RedisStore(url), members=MEMBERS, **o))
-
-
-@pytest.fixture(params=["file", "memory"])
-def local_backing(request: pytest.FixtureRequest, tmp_path: Path) -> Backing:
-    if request.param == "file":
-        return Backing("file", lambda **o: _file_mail(tmp_path, **o))
-    store = MemoryStore("team")
-    return Backing("memory", lambda **o: Mailboxes(store, members=MEMBERS, **o))
-
-
-@contextlib.contextmanager
-def loop_errors() -> Iterator[list[dict[str, Any]]]:
-    """Collect what the event loop reports to its exception handler (a timer callback that
-    raised, a future's exception nobody retrieved); the test asserts there is none."""
-    loop = asyncio.get_running_loop()
-    errors: list[dict[str, Any]] = []
-    old = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
-    try:
-        yield errors
-    finally:
-        loop.set_exception_handler(old)
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    """Poll `condition` (for states that have no event to wait on); the caller bounds it."""
-    while not condition():  # noqa: ASYNC110 -- a peek at state without an event
-        await anyio.sleep(0.002)
-
-
-def assert_quiet(inbox: Inbox) -> None:
-    """Nothing of a wait is left behind: no waiter, no deadline."""
-    assert not inbox._waiters
-    assert not inbox._deadlines
-
-
-async def answer_all(mail: Mailboxes, worker: Inbox, *, order: random.Random | None = None,
-                     count: int | None = None) -> list[Request]:  # fmt: skip
-    """As the worker: collect `count` requests (or what is there), answer them (shuffled if
-    `order`), ack them. Returns the requests answered."""
-    requests: list[Request] = []
-    while count is None or len(requests) < count:
-        if count is None:
-            requests.extend(r.to_envelope() for r in worker.drain_nowait())  # type: ignore[misc]
-            break
-        requests.extend(r.to_envelope() for r in await worker.drain())  # type: ignore[misc]
-    if order is not None:
-        order.shuffle(requests)
-    for request in requests:
-        await mail.send(Envelope.response(request, request.body))
-    if requests:
-        await worker.ack(*requests)
-    return requests
 
 
 # --- the inbox's one deadline timer --------------------------------------------------------------
@@ -193,7 +110,7 @@ async def test_each_waiter_times_out_at_its_own_deadline_never_before(backing: B
                     for timeout in near:
                         tg.start_soon(waiter, timeout)
                         await anyio.sleep(rng.choice([0, 0, 0.001]))
-                    await _until(lambda: len(timed_out) == len(near))
+                    await until(lambda: len(timed_out) == len(near))
                     assert got == []  # nobody of the far ones was woken by a near deadline
                     for i in range(len(far)):
                         await mail.send(Envelope.message("worker", "lead", i))
@@ -227,7 +144,7 @@ async def test_an_early_deadline_added_after_late_ones_is_not_held_up_by_them(
                 assert lead._timer_at - time.monotonic() > 100  # armed for the far ones
                 for timeout in (0.02, 0.01):
                     tg.start_soon(waiter, timeout)
-                await _until(lambda: len(done) == 2)
+                await until(lambda: len(done) == 2)
                 assert sorted(done) == [0.01, 0.02]
                 tg.cancel_scope.cancel()
         assert_quiet(lead)
@@ -341,18 +258,6 @@ async def test_closed_mailboxes_are_not_kept_alive_by_a_far_deadline(
     assert [ref() for ref in refs] == [None, None]
 
 
-async def test_an_infinite_request_timeout_waits_like_none(local_backing: Backing) -> None:
-    async with local_backing.open() as mail:
-        await mail.open_inbox("lead")
-        worker = await mail.open_inbox("worker")
-        request = Envelope.request("lead", "worker", "q")
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: answer_all(mail, worker, count=1))
-                response = await mail.request(request, timeout=math.inf, require_live=False)
-        assert response.in_reply_to == request.id
-
-
 async def test_timeouts_of_zero_and_below_never_wait_and_never_lose_mail(
     backing: Backing,
 ) -> None:
@@ -371,100 +276,6 @@ async def test_timeouts_of_zero_and_below_never_wait_and_never_lose_mail(
         assert got.body == "here"
         await lead.ack(got)
         assert_quiet(lead)
-
-
-async def test_receives_and_requests_with_deadlines_mixed_on_one_inbox(
-    backing: Backing,
-) -> None:
-    """Receivers with short timeouts and requests with their own deadlines wait on the lead's
-    inbox at once; the worker answers in random order with random delays, some after their
-    request's deadline, and sends mail. Each request gets its own answer or times out not
-    before its deadline; every late answer comes to receive once, counted as late; every
-    message is received once."""
-    rng = random.Random(11)
-    asks, messages = 40, 30
-    with loop_errors() as errors:
-        async with backing.open() as mail:
-            lead = await mail.open_inbox("lead")
-            worker = await mail.open_inbox("worker")
-            outcome: dict[str, str] = {}
-            received: Counter[str] = Counter()
-            late: list[str] = []
-            stop = anyio.Event()
-
-            async def worker_loop() -> None:
-                sent = 0
-                while not stop.is_set():
-                    requests: list[Request] = [
-                        r.to_envelope()  # type: ignore[misc]
-                        for r in worker.drain_nowait()
-                    ]
-                    rng.shuffle(requests)
-                    for request in requests:
-                        if rng.random() < 0.3:
-                            await anyio.sleep(rng.choice([0.001, 0.01, 0.03]))
-                        await mail.send(Envelope.response(request, request.body))
-                    if requests:
-                        await worker.ack(*requests)
-                    if sent < messages:
-                        await mail.send(Envelope.message("worker", "lead", f"m{sent}"))
-                        sent += 1
-                    await anyio.sleep(0.001)
-
-            async def asker(i: int) -> None:
-                timeout = rng.choice([0.005, 0.02, 5.0])
-                request = Envelope.request("lead", "worker", f"q{i}")
-                started = time.monotonic()
-                try:
-                    response = await mail.request(request, timeout=timeout, require_live=False)
-                except RequestTimeout:
-                    assert time.monotonic() >= started + timeout
-                    outcome[request.id] = "timed out"
-                else:
-                    assert response.in_reply_to == request.id and response.body == f"q{i}"
-                    outcome[request.id] = "answered"
-
-            async def receiver() -> None:
-                while not stop.is_set():
-                    timeout = rng.choice([0.0, 0.002, 0.01])
-                    started = time.monotonic()
-                    try:
-                        envelope = await lead.receive(timeout=timeout)
-                    except ReceiveTimeout:
-                        assert time.monotonic() >= started + timeout
-                        continue
-                    if isinstance(envelope, Response):
-                        late.append(str(envelope.in_reply_to))
-                    else:
-                        received[str(envelope.body)] += 1
-                    await lead.ack(envelope)
-
-            with anyio.fail_after(30):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(worker_loop)
-                    for _ in range(3):
-                        tg.start_soon(receiver)
-                    async with anyio.create_task_group() as askers:
-                        for i in range(asks):
-                            askers.start_soon(asker, i)
-                            await anyio.sleep(rng.choice([0, 0.001]))
-                    expected_late = Counter(k for k, v in outcome.items() if v == "timed out")
-                    while (
-                        Counter(late) != expected_late or sum(received.values()) < messages
-                    ) and sum(received.values()) <= messages:
-                        await anyio.sleep(0.01)
-                        if Counter(late) - expected_late:
-                            break  # an answer came twice, or one that was taken
-                    await anyio.sleep(0.05)  # anything more would be a duplicate
-                    stop.set()
-            assert Counter(late) == expected_late
-            assert received == Counter(f"m{i}" for i in range(messages))
-            stats = lead.statistics()
-            assert stats.late_responses == len(expected_late)
-            assert stats.pending_requests == 0 and stats.unacked == 0
-            assert "answered" in outcome.values()
-            assert_quiet(lead)
-    assert errors == []
 
 
 async def test_many_requests_answered_in_random_order_each_get_their_own(
@@ -624,13 +435,13 @@ async def test_a_routed_answer_is_committed_in_the_background_when_nothing_else_
 ) -> None:
     """After the request returns the inbox is never touched again (no wait, no flush, no
     statistics): the committer still commits the answer's ack."""
-    async with _file_mail(tmp_path) as mail:
+    async with file_mail(tmp_path) as mail:
         lead = await mail.open_inbox("lead")
         await _ask_once(mail)
         paths = mail.store.inbox_paths("lead")  # type: ignore[attr-defined]
         size = paths.log.stat().st_size
         with anyio.fail_after(10):
-            await _until(lambda: read_cursor(paths.cursor)[0].offset == size)
+            await until(lambda: read_cursor(paths.cursor)[0].offset == size)
         assert lead._routed == []
 
 
@@ -638,7 +449,7 @@ async def test_flush_and_statistics_settle_the_routed_answers(tmp_path: Path) ->
     """With no background commit (a long commit delay), the answer's ack is counted by
     statistics() at once and in the committed cursor after flush(); an ack of the answer by
     the caller too changes nothing."""
-    async with _file_mail(tmp_path, commit_delay=3600) as mail:
+    async with file_mail(tmp_path, commit_delay=3600) as mail:
         lead = await mail.open_inbox("lead")
         paths = mail.store.inbox_paths("lead")  # type: ignore[attr-defined]
         _, response = await _ask_once(mail)
@@ -919,7 +730,7 @@ async def test_records_around_the_read_sizes_arrive_whole_and_in_order(
     reader starts (a backlog) or while it waits: each arrives whole, in order, once, and no
     read says it caught up while complete lines are unread."""
     # claim checks off (max_blob=0): an envelope over the limit is refused whole
-    async with _file_mail(tmp_path, store={"max_envelope": LIMIT, "max_blob": 0}) as mail:
+    async with file_mail(tmp_path, store={"max_envelope": LIMIT, "max_blob": 0}) as mail:
         store: FileStore = mail.store  # type: ignore[assignment]
         worker = await mail.open_inbox("worker")
         violations: list[str] = []
@@ -986,7 +797,7 @@ async def test_a_line_written_in_two_halves_with_a_pause_comes_once_whole(
         from teamrt.mail import inotify
 
         monkeypatch.setattr(inotify, "available", lambda: False)
-    async with _file_mail(tmp_path, store={"max_envelope": LIMIT}) as mail:
+    async with file_mail(tmp_path, store={"max_envelope": LIMIT}) as mail:
         store: FileStore = mail.store  # type: ignore[assignment]
         worker = await mail.open_inbox("worker")
         violations: list[str] = []
@@ -1026,7 +837,7 @@ async def test_a_backlog_of_small_lines_across_rotations_read_every_way(tmp_path
     """Thousands of small lines (far more than one read) over several segments, while
     another process appends more: receive, receive_nowait, drain and receive_batch_nowait
     in turn get every one once, in order, and no read claims to have caught up early."""
-    async with _file_mail(tmp_path, store={"segment_bytes": 50_000}) as mail:
+    async with file_mail(tmp_path, store={"segment_bytes": 50_000}) as mail:
         worker = await mail.open_inbox("worker")
         violations: list[str] = []
         _audit_reads(worker._reading, violations)  # type: ignore[arg-type]
@@ -1082,7 +893,7 @@ async def test_segments_of_about_one_first_read(tmp_path: Path, delta: int, live
     segment is left and the next one read; every line arrives once, in order, and no read
     claims to have caught up early."""
     segment = FIRST_READ + delta
-    async with _file_mail(tmp_path, store={"segment_bytes": segment}) as mail:
+    async with file_mail(tmp_path, store={"segment_bytes": segment}) as mail:
         store: FileStore = mail.store  # type: ignore[assignment]
         worker = await mail.open_inbox("worker")
         violations: list[str] = []
@@ -1112,7 +923,7 @@ async def test_a_log_truncated_or_deleted_after_a_short_read_is_reported_not_ski
 ) -> None:
     """After a short first read that caught up, the log shrinks below the read position (or
     is deleted): the next read reports the damage instead of waiting forever or reading on."""
-    async with _file_mail(tmp_path) as mail:
+    async with file_mail(tmp_path) as mail:
         worker = await mail.open_inbox("worker")
         await mail.send(Envelope.message("lead", "worker", "x" * 1000))
         await worker.receive(timeout=5)
@@ -1122,7 +933,7 @@ async def test_a_log_truncated_or_deleted_after_a_short_read_is_reported_not_ski
         worker._signal()
         with pytest.raises(StoreCorrupt, match="truncated"):
             await worker.receive(timeout=5)
-    async with _file_mail(tmp_path / "again") as mail:
+    async with file_mail(tmp_path / "again") as mail:
         worker = await mail.open_inbox("worker")
         await mail.send(Envelope.message("lead", "worker", "x"))
         await worker.receive(timeout=5)
@@ -1191,7 +1002,7 @@ async def test_one_step_appends_racing_the_lock_held_elsewhere(
     another process for a while. Every acknowledged send is in the log once, seq dense, and
     the lock is free afterwards."""
     tasks, each = 8, 25 if durability == "none" else 6
-    async with _file_mail(tmp_path, store={"durability": durability}) as mail:
+    async with file_mail(tmp_path, store={"durability": durability}) as mail:
         store: FileStore = mail.store  # type: ignore[assignment]
         await mail.send(Envelope.message("lead", "worker", "first"))  # the appender exists
         acknowledged: list[str] = [decode_line(_log_lines(store, "worker")[0]).id]  # type: ignore[union-attr]
@@ -1234,7 +1045,7 @@ async def test_one_step_appends_racing_the_lock_held_elsewhere(
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(anyio.to_thread.run_sync, toggle)
                     try:
-                        await _until(lambda: holds > 0)
+                        await until(lambda: holds > 0)
                         assert not _lock_free(store, "worker")
                         async with anyio.create_task_group() as senders:
                             for k in range(tasks):
@@ -1291,7 +1102,7 @@ class _FullDisk:
 async def test_a_full_disk_in_the_one_step_append_leaves_no_part_and_no_lock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int
 ) -> None:
-    async with _file_mail(tmp_path) as mail:
+    async with file_mail(tmp_path) as mail:
         store: FileStore = mail.store  # type: ignore[assignment]
         worker = await mail.open_inbox("worker")
         acknowledged = []
@@ -1322,7 +1133,7 @@ async def test_a_full_disk_in_the_one_step_append_leaves_no_part_and_no_lock(
 async def test_a_deleted_log_fails_the_one_step_append_and_frees_the_lock(
     tmp_path: Path,
 ) -> None:
-    async with _file_mail(tmp_path) as mail:
+    async with file_mail(tmp_path) as mail:
         store: FileStore = mail.store  # type: ignore[assignment]
         await mail.send(Envelope.message("lead", "worker", 1))
         log_path = store.inbox_paths("worker").log
@@ -1344,8 +1155,8 @@ async def test_rotation_at_the_segment_boundary_with_two_writers(
     across segments, and the reader gets every line once, in order."""
     segment = 4096
     async with (
-        _file_mail(tmp_path, store={"segment_bytes": segment}) as mail,
-        _file_mail(tmp_path, store={"segment_bytes": segment}) as other,
+        file_mail(tmp_path, store={"segment_bytes": segment}) as mail,
+        file_mail(tmp_path, store={"segment_bytes": segment}) as other,
     ):
         store: FileStore = mail.store  # type: ignore[assignment]
         worker = await mail.open_inbox("worker")
@@ -1372,7 +1183,7 @@ async def test_rotation_at_the_segment_boundary_with_two_writers(
 async def test_a_send_after_the_mailboxes_closed_is_refused_and_writes_nothing(
     tmp_path: Path,
 ) -> None:
-    mail = _file_mail(tmp_path)
+    mail = file_mail(tmp_path)
     async with mail:
         await mail.send(Envelope.message("lead", "worker", 1))
     log_path = tmp_path / "team" / "inboxes" / "worker.jsonl"
@@ -1439,7 +1250,7 @@ async def test_the_short_encoding_is_the_batched_one_byte_for_byte(
     tmp_path: Path, context: str
 ) -> None:
     key = "k" * 32 if context == "signed" else None
-    async with _file_mail(tmp_path, key=key) as mail:
+    async with file_mail(tmp_path, key=key) as mail:
         with contextlib.ExitStack() as stack:
             if context == "task-trace":
                 stack.enter_context(tracing("task-trace-1"))
@@ -1474,7 +1285,7 @@ async def test_the_short_encoding_refuses_what_the_batched_one_refuses(tmp_path:
     envelope over the limit (one byte over, and far over): the same error either way, and
     send() writes nothing."""
     # claim checks off (max_blob=0): an envelope over the limit is refused whole
-    async with _file_mail(tmp_path, store={"max_envelope": 4096, "max_blob": 0}) as mail:
+    async with file_mail(tmp_path, store={"max_envelope": 4096, "max_blob": 0}) as mail:
         store: FileStore = mail.store  # type: ignore[assignment]
         await mail.send(Envelope.message("lead", "worker", "first"))
         at_limit = Envelope.message("lead", "worker", "")

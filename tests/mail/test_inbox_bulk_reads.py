@@ -8,9 +8,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -21,67 +18,15 @@ from hypothesis import strategies as st
 from teamrt.cli.replay import run_replay
 from teamrt.codec import FIELD_NAMES, EnvelopeFields, decode_fields
 from teamrt.envelopes import Envelope, Request
-from teamrt.errors import MailboxClosed, ReceiveTimeout, RequestTimeout, UsageError
+from teamrt.errors import MailboxClosed, ReceiveTimeout, UsageError
 from teamrt.mail.filestore import FileStore
 from teamrt.mail.inbox import Inbox, _wake_waiter
 from teamrt.mail.log import decode_line, encode, stamp
 from teamrt.mail.mailboxes import Mailboxes
-from teamrt.mail.memory import MemoryStore
 from teamrt.replay import Event, Filter, Summary, timeline
 from teamrt.replay.timeline import _event, _event_checked
 from teamrt.testing.conformance import StoreHarness
 from tests.support.hypothesis_profiles import examples
-from tests.support.redis_server import REDIS_SERVER, RedisServer, shared_redis
-
-__all__ = ["shared_redis"]  # the fixture
-
-
-def _file_harness(tmp_path: Path) -> StoreHarness:
-    team = tmp_path / "team"
-
-    def write_raw(name: str, data: bytes) -> None:
-        fd = os.open(team / "inboxes" / f"{name}.jsonl", os.O_WRONLY | os.O_APPEND)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-
-    return StoreHarness(lambda: FileStore(team), write_raw)
-
-
-def _memory_harness() -> StoreHarness:
-    store = MemoryStore("team")
-    return StoreHarness(lambda: store, store.write_raw)
-
-
-STORES = ["file", "memory", "redis"]
-
-
-@pytest.fixture(params=STORES)
-def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreHarness]:
-    if request.param == "file":
-        yield _file_harness(tmp_path)
-    elif request.param == "memory":
-        yield _memory_harness()
-    else:
-        if REDIS_SERVER is None:
-            pytest.skip("redis-server is not installed")
-        from teamrt.mail.redisstore import RedisStore
-
-        server: RedisServer = request.getfixturevalue("shared_redis")
-        url = server.url()  # a team of its own
-
-        def no_raw(name: str, data: bytes) -> None:  # pragma: no cover - file/memory only
-            raise NotImplementedError
-
-        yield StoreHarness(lambda: RedisStore(url, socket_timeout=10, connect_timeout=10), no_raw)
-
-
-@pytest.fixture(params=["file", "memory"])
-def local_harness(request: pytest.FixtureRequest, tmp_path: Path) -> StoreHarness:
-    """The stores whose inboxes a test writes raw lines to."""
-    return _file_harness(tmp_path) if request.param == "file" else _memory_harness()
-
 
 # --- request waits ----------------------------------------------------------------------------
 
@@ -111,35 +56,6 @@ async def test_an_answer_routed_by_a_drain_during_the_send_is_not_waited_for(
         with anyio.fail_after(10):
             response = await mail.request(ask, require_live=False)
         assert response.body == "done"
-
-
-async def test_a_request_that_gets_no_answer_times_out_and_its_late_answer_is_drained(
-    harness: StoreHarness,
-) -> None:
-    async with harness.open() as mail:
-        lead = await mail.open_inbox("lead")
-        await mail.open_inbox("worker")  # alive, but it never answers
-        ask = Envelope.request("lead", "worker", "go")
-        woken: list[Envelope] = []
-
-        async def receiver() -> None:  # waits on the same inbox through the request's deadline
-            woken.append(await lead.receive())
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(receiver)
-            start = time.monotonic()
-            with anyio.fail_after(10), pytest.raises(RequestTimeout):
-                await mail.request(ask, timeout=0.2)
-            assert time.monotonic() - start >= 0.2  # not before its deadline
-            assert woken == []  # the deadline's wake-up is nobody else's timeout
-            await mail.send(Envelope.message("worker", "lead", "mail"))
-        assert [e.body for e in woken] == ["mail"]
-        await lead.ack(*woken)
-        assert lead.statistics().pending_requests == 0
-        await mail.send(Envelope.response(ask, "late"))
-        got = await lead.drain(timeout=5)
-        assert [(f.kind, f.body) for f in got] == [("response", "late")]
-        assert lead.statistics().late_responses == 1
 
 
 async def test_a_cancelled_request_leaves_no_timer_and_the_inbox_works_on(

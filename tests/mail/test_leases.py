@@ -15,7 +15,7 @@ import pytest
 from teamrt import Envelope, FileMailboxes, MemoryMailboxes
 from teamrt.errors import MemberBusy
 from teamrt.mail.filestore import lease_holder
-from tests.test_processes import PROCS
+from tests.support.children import PROCS
 
 MEMBERS = ("lead", "worker")
 

@@ -21,7 +21,7 @@ from teamrt import Envelope, FileMailboxes
 from teamrt.cli.main import main
 from teamrt.mail.filestore import read_cursor
 from teamrt.mail.filestore.framing import decode_high_water
-from tests.test_processes import _acked, _finish, _spawn, _wait_ready
+from tests.support.children import finish, read_acked, spawn, wait_ready
 
 MEMBERS = ("lead", "worker")
 
@@ -253,10 +253,9 @@ def _senders(team: Path, tag: str, count: int) -> list[Path]:
     """Four writer processes, each sending `count` envelopes at once (acks recorded)."""
     acks = [team.parent / f"acks-{tag}{k}" for k in range(4)]
     procs = [
-        _spawn("send", str(team), f"{tag}{k}", str(count), "50", str(acks[k]), "0")
-        for k in range(4)
+        spawn("send", str(team), f"{tag}{k}", str(count), "50", str(acks[k]), "0") for k in range(4)
     ]
-    _wait_ready([Path(f"{a}.ready") for a in acks], procs)
+    wait_ready([Path(f"{a}.ready") for a in acks], procs)
     (team.parent / "go").touch()
     log, cut = _log(team), False
     while any(p.poll() is None for p in procs):
@@ -266,7 +265,7 @@ def _senders(team: Path, tag: str, count: int) -> list[Path]:
             cut = True
         time.sleep(0.002)
     for proc in procs:
-        _finish(proc)
+        finish(proc)
     (team.parent / "go").unlink()
     return acks
 
@@ -284,7 +283,7 @@ def test_writer_processes_number_above_a_cut_log_and_each_other(tmp_path: Path) 
     assert seqs == sorted(set(seqs))  # strictly increasing in file order
     later = [s for s in seqs if s >= 120]
     assert later and min(later) == 200  # the writers after the cut numbered above 199
-    assert sum(len(_acked(a)) for a in acks) == 200
+    assert sum(len(read_acked(a)) for a in acks) == 200
     mark = decode_high_water((team / "inboxes" / "worker.lock").read_bytes())
     assert mark is not None and mark.seq == 399  # 400 sends, 400 seqs, none twice
 

@@ -21,7 +21,7 @@ from teamrt.models import ChatMessage, FunctionModel, ToolSpec
 from teamrt.team import Team, Teammate
 from teamrt.team.lead import keyed_id
 from tests.support.redis_server import RedisServer, needs_redis, redis_server
-from tests.team.test_lead_mail import kill, slow_w, spawn_lead
+from tests.team.helpers import kill, slow_w, spawn_lead
 
 __all__ = ["redis_server"]  # the fixture
 

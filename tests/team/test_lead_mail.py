@@ -5,11 +5,7 @@ kill -9 gets its predecessor's outcomes at start."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from contextlib import aclosing
 from pathlib import Path
@@ -27,12 +23,12 @@ from teamrt.mail.mailboxes import Mailboxes
 from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
 from teamrt.team import Team, Teammate
 from teamrt.team.lead import MAIL_BUFFERED, NO_HANDLER
-from tests.support.paths import SUPPORT
 from tests.support.redis_server import RedisServer, shared_redis
+from tests.team.helpers import LEAD_PROCS, kill, slow_w, spawn_lead
 
 __all__ = ["shared_redis"]  # the fixture
 
-PROCS = str(SUPPORT / "lead_procs.py")
+
 MESSAGES = 1000
 
 
@@ -94,7 +90,7 @@ async def test_a_thousand_messages_from_another_process_all_reach_the_lead(tmp_p
         Team(mail, []) as team,
     ):
         sender = await anyio.run_process(
-            [sys.executable, PROCS, "flood", str(tmp_path / "t"), str(MESSAGES)], check=False
+            [sys.executable, LEAD_PROCS, "flood", str(tmp_path / "t"), str(MESSAGES)], check=False
         )
         assert sender.returncode == 0, sender.stderr.decode()
         bodies = []
@@ -194,39 +190,6 @@ async def test_a_handler_that_raises_answers_with_an_error(locator: str) -> None
 
 
 # --- a lead in its own process, killed -------------------------------------------------------
-
-
-def spawn_lead(team: str | Path, out: Path, key: str | None = None) -> subprocess.Popen[bytes]:
-    """A lead process that asks the remote w (see lead_procs.py), once it is asking."""
-    asking = Path(f"{out}.asking")
-    asking.unlink(missing_ok=True)
-    args = [sys.executable, PROCS, "ask", str(team), str(out), *([key] if key else [])]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while not asking.exists():
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        assert time.monotonic() < deadline, "the lead process did not start"
-        time.sleep(0.005)
-    return proc
-
-
-def kill(proc: subprocess.Popen[bytes]) -> None:
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
-    if proc.stderr is not None:
-        proc.stderr.close()
-
-
-def slow_w(started: anyio.Event, release: anyio.Event, calls: list[str]) -> Teammate:
-    """w answers once released, counting its model calls."""
-
-    async def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
-        calls.append(messages[-1].content or "")
-        started.set()
-        await release.wait()
-        return "forty-two"
-
-    return Teammate("w", FunctionModel(brain))
 
 
 async def test_a_lead_restarted_after_kill_9_gets_its_predecessors_outcomes_at_start(

@@ -18,7 +18,7 @@ import uvicorn
 from teamrt.demos.service import create_app
 from teamrt.team import Team
 from tests.support.redis_server import RedisServer, needs_redis, shared_redis
-from tests.team.test_task_cancel import Worker, cancelled_answers, until
+from tests.team.helpers import Worker, cancelled_answers, until
 
 __all__ = ["shared_redis"]  # the fixture
 

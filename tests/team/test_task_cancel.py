@@ -6,7 +6,7 @@ cancelled, as at a deadline."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
@@ -14,14 +14,12 @@ import anyio
 import pytest
 
 from teamrt import FileMailboxes, MemoryMailboxes
-from teamrt.agents import tool
-from teamrt.envelopes import Envelope
 from teamrt.errors import RequestTimeout
 from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.redisstore import RedisStore
-from teamrt.models import ChatMessage, FunctionModel, ModelReply, ToolSpec, call
-from teamrt.team import TaskResult, Team, Teammate
+from teamrt.team import Team
 from tests.support.redis_server import RedisServer, needs_redis, shared_redis
+from tests.team.helpers import Worker, cancelled_answers, until
 
 __all__ = ["shared_redis"]  # the fixture
 Store = Callable[[], AbstractAsyncContextManager[Mailboxes]]
@@ -49,57 +47,6 @@ def store(
                 yield mail
 
     return opened
-
-
-class Worker:
-    """A teammate whose task "hold" waits in a tool until `gate` opens; it records the tasks
-    its model is given (first call of each) and the model calls of each."""
-
-    def __init__(self) -> None:
-        self.gate, self.holding = anyio.Event(), anyio.Event()
-        self.calls: list[str] = []
-
-        @tool
-        async def wait_for_gate() -> str:
-            """Wait."""
-            self.holding.set()
-            await self.gate.wait()
-            return "open"
-
-        def brain(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ModelReply | str:
-            task = next(m.content or "" for m in reversed(messages) if m.role == "user")
-            self.calls.append(task)
-            if task == "hold" and messages[-1].role == "user":
-                return call("wait_for_gate")
-            return f"done: {task}"
-
-        self.teammate = Teammate("w", FunctionModel(brain), tools=[wait_for_gate])
-
-
-async def until(check: Callable[[], bool]) -> None:
-    with anyio.fail_after(30):
-        while not check():  # noqa: ASYNC110 -- polled: the teammate's task decides
-            await anyio.sleep(0.01)
-
-
-_late_mail: dict[int, list[Envelope]] = {}
-
-
-def lead_mail_so_far(team: Team) -> list[Envelope]:
-    """Everything the lead's mail stream has brought (late answers arrive there), kept."""
-    seen = _late_mail.setdefault(id(team), [])
-    seen.extend(team.lead_mail_nowait())
-    return seen
-
-
-def cancelled_answers(team: Team) -> list[TaskResult]:
-    return [
-        TaskResult.model_validate(e.body)
-        for e in lead_mail_so_far(team)
-        if e.kind == "response"
-        and isinstance(e.body, dict)
-        and e.body.get("stop_reason") == "cancelled"
-    ]
 
 
 def journal(tmp_path: Path) -> list[dict[str, object]]:

@@ -21,7 +21,7 @@ from teamrt.mail.mailboxes import Mailboxes
 from teamrt.team import TaskResult, Team
 from tests.support.redis_server import RedisServer, needs_redis, redis_server
 from tests.support.remote import TESTS, exit_code
-from tests.team.test_task_cancel import lead_mail_so_far
+from tests.team.helpers import lead_mail_so_far
 
 __all__ = ["redis_server"]  # the fixture
 

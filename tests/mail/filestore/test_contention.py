@@ -17,7 +17,7 @@ from teamrt import Envelope, FileMailboxes
 from teamrt.mail.filestore import appender as appender_module
 from teamrt.mail.filestore.appender import Appender
 from teamrt.mail.filestore.store import FileStore
-from tests.test_processes import _acked, _drain_all, _finish, _spawn, _wait_ready
+from tests.support.children import drain_all, finish, read_acked, spawn, wait_ready
 
 MEMBERS = ("lead", "worker")
 
@@ -133,10 +133,10 @@ async def test_contended_appends_from_several_processes_lose_and_reorder_nothing
         pass
     acks = [tmp_path / f"acks{k}" for k in range(nprocs)]
     procs = [
-        _spawn("send", str(team), f"s{k}", str(count), "20", str(acks[k]), "0")
+        spawn("send", str(team), f"s{k}", str(count), "20", str(acks[k]), "0")
         for k in range(nprocs)
     ]
-    _wait_ready([Path(f"{a}.ready") for a in acks], procs)
+    wait_ready([Path(f"{a}.ready") for a in acks], procs)
     stop = threading.Event()
 
     def interfere() -> None:
@@ -155,18 +155,18 @@ async def test_contended_appends_from_several_processes_lose_and_reorder_nothing
     try:
         (tmp_path / "go").touch()
         for proc in procs:
-            _finish(proc)
+            finish(proc)
     finally:
         stop.set()
         holder.join()
 
-    got, quarantined = await _drain_all(team)
+    got, quarantined = await drain_all(team)
     assert quarantined == 0
     assert len(got) == nprocs * count and len({e.id for e in got}) == len(got)
     assert [e.seq for e in got] == list(range(len(got)))
     for k in range(nprocs):
         assert [e.body["i"] for e in got if e.sender == f"s{k}"] == list(range(count))
-        assert {row[0] for row in _acked(acks[k])} <= {e.id for e in got}  # acked is there
+        assert {row[0] for row in read_acked(acks[k])} <= {e.id for e in got}  # acked is there
 
 
 async def test_a_writer_continues_seq_after_other_writers_lines_and_never_from_garbage(

@@ -22,18 +22,9 @@ from teamrt.mail.filestore import identity, read_cursor
 from teamrt.mail.filestore import reader as reader_module
 from teamrt.mail.filestore.framing import encode_slot
 from teamrt.mail.log import Cursor
-from tests.mail.filestore.test_reopened_logs import _NotReused, _recreate
+from tests.mail.filestore.helpers import NotReused, received_now, recreate
 
 MEMBERS = ("lead", "worker")
-
-
-async def _drain(mail: FileMailboxes, name: str = "worker") -> list[Envelope]:
-    inbox, out = mail.inbox(name), []
-    while True:
-        try:
-            out.append(inbox.receive_nowait())
-        except anyio.WouldBlock:
-            return out
 
 
 async def _handled(team: Path, count: int) -> bytes:
@@ -41,7 +32,7 @@ async def _handled(team: Path, count: int) -> bytes:
     async with FileMailboxes(team, members=MEMBERS) as mail:
         for i in range(count):
             await mail.send(Envelope.message("lead", "worker", i))
-        await mail.inbox("worker").ack(*await _drain(mail))
+        await mail.inbox("worker").ack(*await received_now(mail))
     return (team / "inboxes" / "worker.jsonl").read_bytes()
 
 
@@ -159,7 +150,7 @@ async def test_a_cursor_for_a_file_created_again_at_its_inode_number_is_refused(
     # on overlayfs a copy-up gives a lower layer's file another birth at the same inode number
     monkeypatch.setattr(reader_module, "on_overlayfs", lambda fd: True)
     async with FileMailboxes(team) as mail:
-        assert await _drain(mail) == []
+        assert await received_now(mail) == []
 
 
 async def test_a_log_created_again_with_its_inode_number_and_nearly_its_bytes_is_refused(
@@ -180,9 +171,9 @@ async def test_a_log_created_again_with_its_inode_number_and_nearly_its_bytes_is
         if not kept:
             pytest.skip("this file system records no birth time (statx stx_btime)")
         try:
-            _recreate(log, _flip(data, len(data) // 2))
+            recreate(log, _flip(data, len(data) // 2))
             break
-        except _NotReused:
+        except NotReused:
             continue
     else:
         pytest.skip("this file system did not hand a freed inode number out again (5 attempts)")
@@ -193,7 +184,7 @@ async def test_a_log_created_again_with_its_inode_number_and_nearly_its_bytes_is
     assert "created again" in out and "nothing to repair" not in out
     await _send(team, range(100, 102))
     async with FileMailboxes(team) as mail:
-        assert [e.body for e in await _drain(mail)] == [100, 101]
+        assert [e.body for e in await received_now(mail)] == [100, 101]
 
 
 async def test_a_copied_team_opens_and_reads_on(tmp_path: Path) -> None:
@@ -204,7 +195,7 @@ async def test_a_copied_team_opens_and_reads_on(tmp_path: Path) -> None:
     shutil.copytree(team, copy)
     await _send(copy, range(100, 103))
     async with FileMailboxes(copy) as mail:
-        assert [e.body for e in await _drain(mail)] == [100, 101, 102]
+        assert [e.body for e in await received_now(mail)] == [100, 101, 102]
 
 
 async def test_a_cursor_written_before_the_marks_opens_and_is_checked_as_before(
@@ -221,7 +212,7 @@ async def test_a_cursor_written_before_the_marks_opens_and_is_checked_as_before(
     assert b'"tail"' in raw and b'"head"' not in raw and b'"born"' not in raw
     await _send(team, range(100, 102))
     async with FileMailboxes(team) as mail:
-        assert [e.body for e in await _drain(mail)] == [100, 101]
+        assert [e.body for e in await received_now(mail)] == [100, 101]
     assert json.loads(raw.split(b"\n")[0])["tail"] == cursor.tail
     # the old check still holds: the last bytes before the offset
     log = team / "inboxes" / "worker.jsonl"
@@ -245,7 +236,7 @@ async def test_repair_of_a_log_recreated_with_another_first_envelope(
     assert "not the file the cursor was written for" in out and "first bytes" in out
     assert "before the first envelope written since (seq 6)" in out
     async with FileMailboxes(team) as mail:
-        assert [e.body for e in await _drain(mail)] == [100, 101, 102]
+        assert [e.body for e in await received_now(mail)] == [100, 101, 102]
     capsys.readouterr()
     assert main(["repair", str(team), "--inbox", "worker"]) == 0
     assert "nothing to repair" in capsys.readouterr().out  # the new cursor has the new marks
@@ -261,7 +252,7 @@ async def test_a_rotated_segment_cut_short_with_unread_lines_does_not_stall_the_
     async with FileMailboxes(team, members=MEMBERS, segment_bytes=2048) as mail:
         for i in range(3):
             await mail.send(Envelope.message("lead", "worker", i))
-        await mail.inbox("worker").ack(*await _drain(mail))
+        await mail.inbox("worker").ack(*await received_now(mail))
     await _send(team, range(3, 40))  # rotates at least twice
     first = team / "inboxes" / "worker.000000.jsonl"
     lines = first.read_bytes().splitlines(keepends=True)

@@ -27,6 +27,7 @@ from teamrt import (
 from teamrt.mail import filestore
 from teamrt.mail.filestore.framing import decode_all
 from teamrt.mail.log import encode, stamp
+from tests.mail.filestore.helpers import received_now
 
 MEMBERS = ("lead", "worker")
 
@@ -38,15 +39,6 @@ def _log(team: Path, name: str = "worker") -> bytes:
 def _append_raw(team: Path, data: bytes, name: str = "worker") -> None:
     with open(team / "inboxes" / f"{name}.jsonl", "ab") as f:
         f.write(data)
-
-
-async def _drain(mail: FileMailboxes, name: str = "worker") -> list[Envelope]:
-    inbox, out = mail.inbox(name), []
-    while True:
-        try:
-            out.append(inbox.receive_nowait())
-        except anyio.WouldBlock:
-            return out
 
 
 def _quarantine(team: Path, name: str = "worker") -> list[dict[str, Any]]:
@@ -63,7 +55,7 @@ async def test_torn_tail_is_sealed_and_the_next_envelope_survives(tmp_path: Path
     _append_raw(team, line[: 4096 - len(_log(team))])
     async with FileMailboxes(team) as mail:
         await mail.send(Envelope.message("lead", "worker", "after"))
-        got = await _drain(mail)
+        got = await received_now(mail)
         assert [e.body for e in got] == ["before", "after"]
         assert [e.seq for e in got] == [0, 1]  # the fragment's seq was never acknowledged
         assert mail.store.statistics() == {"worker": 1}  # type: ignore[attr-defined]
@@ -83,7 +75,7 @@ async def test_hand_edited_line_is_quarantined_not_fatal(tmp_path: Path) -> None
     lines[1] = lines[1].replace(b'"kind":"message"', b'"kind":"mesage"')
     path.write_bytes(b"\n".join(lines))
     async with FileMailboxes(team) as mail:
-        assert [e.body for e in await _drain(mail)] == [0, 2]
+        assert [e.body for e in await received_now(mail)] == [0, 2]
     (entry,) = _quarantine(team)
     assert "schema" in entry["reason"] and "mesage" in entry["raw"]
 
@@ -110,7 +102,7 @@ async def test_short_write_then_enospc_rolls_back(
         monkeypatch.setattr(os, "write", real_write)
         assert len(_log(team)) == size  # rolled back to the last good length
         await mail.send(Envelope.message("lead", "worker", "next"))
-        got = await _drain(mail)
+        got = await received_now(mail)
         assert [e.body for e in got] == ["kept", "next"]
         assert [e.seq for e in got] == [0, 1]
     assert _quarantine(team) == []
@@ -153,7 +145,7 @@ async def test_group_commit_shares_fsyncs(tmp_path: Path, monkeypatch: pytest.Mo
         async with anyio.create_task_group() as tg:
             for k in range(16):
                 tg.start_soon(sender, k)
-        assert len(await _drain(mail)) == 160
+        assert len(await received_now(mail)) == 160
     assert 0 < syncs["n"] < 160  # concurrent senders shared syncs
 
 
@@ -166,7 +158,7 @@ async def test_rotation_across_two_writers_keeps_seq_dense(tmp_path: Path) -> No
         # two stores hold their own descriptors, as two processes would
         for i in range(40):
             await (a if i % 3 else b).send(Envelope.message("lead", "worker", i))
-        got = await _drain(a)
+        got = await received_now(a)
     assert [e.body for e in got] == list(range(40))
     assert [e.seq for e in got] == list(range(40))
     segments = sorted(p.name for p in (team / "inboxes").glob("worker.*.jsonl"))
@@ -184,14 +176,14 @@ async def test_reader_resumes_in_a_later_segment(tmp_path: Path) -> None:
         for i in range(10):
             await mail.send(Envelope.message("lead", "worker", i))
         inbox = mail.inbox("worker")
-        got = await _drain(mail)
+        got = await received_now(mail)
         await inbox.ack(*got[:9])
         for i in range(10, 20):
             await mail.send(Envelope.message("lead", "worker", i))
     cursor, _, _ = filestore.read_cursor(team / "inboxes" / "worker.cursor.json")
     assert cursor.segment > 0
     async with FileMailboxes(team, segment_bytes=1500) as mail:
-        assert [e.body for e in await _drain(mail)] == list(range(9, 20))
+        assert [e.body for e in await received_now(mail)] == list(range(9, 20))
 
 
 async def test_permissions(tmp_path: Path) -> None:
@@ -308,7 +300,7 @@ async def test_leftover_cursor_tmp_is_ignored(tmp_path: Path) -> None:
     # a consumer that died between writing the new cursor and renaming it
     (team / "inboxes" / "worker.cursor.json.tmp").write_text('{"v":1,"segment":0,"offset":9')
     async with FileMailboxes(team) as mail:
-        assert [e.body for e in await _drain(mail)] == [1, 2]
+        assert [e.body for e in await received_now(mail)] == [1, 2]
     assert not (team / "inboxes" / "worker.cursor.json.tmp").exists()
 
 
@@ -325,7 +317,7 @@ async def test_cursor_commits_alternate_slots_and_grow(tmp_path: Path) -> None:
         sent = [Envelope.message("lead", "worker", i) for i in range(600)]
         await mail.send_many(sent)
         inbox = mail.inbox("worker")
-        got = await _drain(mail)
+        got = await received_now(mail)
         await inbox.ack(got[0])
         await inbox.ack(got[1])
         assert filestore.read_cursor(path)[1:] == (2, 4096)
@@ -346,7 +338,7 @@ async def test_cursor_commits_alternate_slots_and_grow(tmp_path: Path) -> None:
     data[slot_size + 100] ^= 0xFF
     path.write_bytes(bytes(data))
     async with FileMailboxes(team) as mail:
-        again = await _drain(mail)
+        again = await received_now(mail)
         assert [e.body for e in again] == [2, 203, *range(205, 504, 2), *range(504, 600)]
 
 
@@ -361,7 +353,7 @@ async def test_a_cursor_with_no_valid_slot_is_read_again_from_the_start(tmp_path
     for damage in (b"edited by hand\n", b""):
         path.write_bytes(damage)
         async with FileMailboxes(team) as mail:  # never unopenable: at-least-once from 0
-            assert [e.body for e in await _drain(mail)] == [0, 1, 2]
+            assert [e.body for e in await received_now(mail)] == [0, 1, 2]
         assert (team / "inboxes" / "worker.cursor.json.damaged").read_bytes() == damage
 
 

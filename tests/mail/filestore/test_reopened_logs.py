@@ -22,6 +22,7 @@ from teamrt.mail.filestore import identity
 from teamrt.mail.filestore.descriptors import BUDGET
 from teamrt.mail.filestore.reader import FileReader
 from teamrt.team import Team
+from tests.mail.filestore.helpers import NotReused, recreate
 from tests.support.remote import TESTS
 
 MEMBERS = ["lead", "a", "b", "c"]
@@ -62,32 +63,6 @@ async def _read_some(mail: FileMailboxes, count: int) -> bytes:
     return (mail.path / "inboxes" / "a.jsonl").read_bytes()
 
 
-class _NotReused(Exception):
-    """Another process took the freed inode number first."""
-
-
-def _recreate(log: Path, data: bytes) -> None:
-    """Delete `log` and create it again holding `data`, with the inode number it had. ext4 gives
-    a new file the lowest free number near its directory's: the freed one, unless another
-    process freed a lower one meanwhile, so files are created (and kept, to use up the lower
-    numbers) until one gets it, or until it is clear that another process took it."""
-    ino = log.stat().st_ino
-    log.unlink()
-    made: list[Path] = []
-    try:
-        for i in range(500):
-            candidate = log.with_name(f".reuse-{i}")
-            candidate.write_bytes(data)
-            made.append(candidate)
-            if candidate.stat().st_ino == ino:
-                candidate.rename(log)
-                return
-    finally:
-        for path in made:
-            path.unlink(missing_ok=True)
-    raise _NotReused
-
-
 async def _with_reuse(tmp_path: Path, scenario: Callable[[Path], Awaitable[None]]) -> None:
     """Run `scenario` in a new team directory until its `_recreate` got the inode number back
     (on a busy machine another process may take it first); skip where that never happens."""
@@ -95,7 +70,7 @@ async def _with_reuse(tmp_path: Path, scenario: Callable[[Path], Awaitable[None]
         try:
             await scenario(tmp_path / f"t{attempt}")
             return
-        except _NotReused:
+        except NotReused:
             continue
     pytest.skip("this file system did not hand a freed inode number out again (5 attempts)")
 
@@ -145,7 +120,7 @@ async def test_a_log_recreated_with_its_inode_number_size_and_last_bytes_is_refu
             await _park(mail)
             log = mail.path / "inboxes" / "a.jsonl"
             first_id = data.index(b'"id":"') + 10
-            _recreate(log, _flip(data, first_id))
+            recreate(log, _flip(data, first_id))
             _append(log, data.splitlines(keepends=True)[-1])
             await _assert_refused(mail, "created again")
 
@@ -164,7 +139,7 @@ async def test_a_byte_for_byte_copy_recreated_with_the_inode_number_is_refused(
             _needs_birth_time(log)
             data = await _read_some(mail, 6)
             await _park(mail)
-            _recreate(log, _flip(data, len(data) // 2))
+            recreate(log, _flip(data, len(data) // 2))
             _append(log, data.splitlines(keepends=True)[-1])
             await _assert_refused(mail, "created again")
 
@@ -183,7 +158,7 @@ async def test_a_reader_parked_before_reading_anything_refuses_a_recreated_log(
             _needs_birth_time(log)
             await mail.open_inbox("a")
             await _park(mail)
-            _recreate(log, b"")
+            recreate(log, b"")
             await mail.send(Envelope.message("lead", "a", {"i": 0}))
             await _assert_refused(mail, "created again")
 
@@ -210,7 +185,7 @@ async def test_without_a_birth_time_the_first_bytes_still_tell_a_recreated_log(
             data = await _read_some(mail, 6)
             await _park(mail)
             log = mail.path / "inboxes" / "a.jsonl"
-            _recreate(log, _flip(data, data.index(b'"id":"') + 10))
+            recreate(log, _flip(data, data.index(b'"id":"') + 10))
             await _assert_refused(mail, "changed before the read position")
 
     await _with_reuse(tmp_path, scenario)
@@ -227,7 +202,7 @@ async def test_without_a_birth_time_a_reader_parked_at_the_start_reads_a_recreat
         async with FileMailboxes(team, members=MEMBERS) as mail:
             inbox = await mail.open_inbox("a")
             await _park(mail)
-            _recreate(mail.path / "inboxes" / "a.jsonl", b"")
+            recreate(mail.path / "inboxes" / "a.jsonl", b"")
             for i in range(2):
                 await mail.send(Envelope.message("lead", "a", {"i": i}))
             assert [(await inbox.receive(5)).body for _ in range(2)] == [{"i": 0}, {"i": 1}]
@@ -255,7 +230,7 @@ async def test_without_a_birth_time_the_generation_tells_a_recreated_log_at_the_
                 os.close(fd)
             await mail.open_inbox("a")
             await _park(mail)
-            _recreate(log, b"")
+            recreate(log, b"")
             await mail.send(Envelope.message("lead", "a", {"i": 0}))
             await _assert_refused(mail, "created again")
 

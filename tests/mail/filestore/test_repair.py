@@ -14,17 +14,9 @@ from teamrt import Envelope, FileMailboxes
 from teamrt.cli.main import main
 from teamrt.errors import MemberBusy, StoreCorrupt
 from teamrt.mail.filestore import read_cursor
+from tests.mail.filestore.helpers import received_now
 
 MEMBERS = ("lead", "worker")
-
-
-async def _drain(mail: FileMailboxes, name: str = "worker") -> list[Envelope]:
-    inbox, out = mail.inbox(name), []
-    while True:
-        try:
-            out.append(inbox.receive_nowait())
-        except anyio.WouldBlock:
-            return out
 
 
 async def _sent_and_handled(team: Path, count: int) -> None:
@@ -32,7 +24,7 @@ async def _sent_and_handled(team: Path, count: int) -> None:
         for i in range(count):
             await mail.send(Envelope.message("lead", "worker", i))
         inbox = mail.inbox("worker")
-        await inbox.ack(*await _drain(mail))
+        await inbox.ack(*await received_now(mail))
 
 
 def _repair(team: Path, capsys: pytest.CaptureFixture[str]) -> str:
@@ -61,7 +53,7 @@ async def test_truncation_below_the_cursor_is_reported_then_repaired(
     assert "not the file the cursor was written for" in out and "handled before the damage" in out
     assert "cannot be delivered" not in out  # every envelope that is gone had been handled
     async with FileMailboxes(team) as mail:
-        assert [e.body for e in await _drain(mail)] == list(range(100, 125))  # none lost
+        assert [e.body for e in await received_now(mail)] == list(range(100, 125))  # none lost
 
 
 async def test_a_log_shorter_than_the_cursor(
@@ -80,7 +72,7 @@ async def test_a_log_shorter_than_the_cursor(
     assert "bytes" in out and "are gone" in out
     async with FileMailboxes(team) as mail:
         await mail.send(Envelope.message("lead", "worker", "after"))
-        got = await _drain(mail)
+        got = await received_now(mail)
     assert [e.body for e in got] == ["after"]
     assert mail.inbox is not None
 
@@ -90,7 +82,7 @@ async def test_truncation_while_the_owner_reads_is_an_error_not_a_skip(tmp_path:
     async with FileMailboxes(team, members=MEMBERS) as mail:
         for i in range(10):
             await mail.send(Envelope.message("lead", "worker", i))
-        assert len(await _drain(mail)) == 10
+        assert len(await received_now(mail)) == 10
         os.truncate(team / "inboxes" / "worker.jsonl", 100)
         with pytest.raises(StoreCorrupt, match="shrank to 100 bytes below the read position"):
             mail.inbox("worker").receive_nowait()
@@ -114,7 +106,7 @@ async def test_a_deleted_log_is_never_silently_recreated(
     assert "was missing: created an empty active log" in out
     async with FileMailboxes(team) as mail:
         await mail.send(Envelope.message("lead", "worker", "after"))
-        assert [e.body for e in await _drain(mail)] == ["after"]
+        assert [e.body for e in await received_now(mail)] == ["after"]
 
 
 async def test_a_cursor_with_no_valid_slot_is_repaired_to_a_rescan(
@@ -128,7 +120,7 @@ async def test_a_cursor_with_no_valid_slot_is_repaired_to_a_rescan(
     assert "had no valid slot" in out
     assert read_cursor(cursor)[0].offset == 0 and read_cursor(cursor)[1] == 1
     async with FileMailboxes(team) as mail:
-        assert [e.body for e in await _drain(mail)] == [0, 1, 2]  # at-least-once
+        assert [e.body for e in await received_now(mail)] == [0, 1, 2]  # at-least-once
 
 
 async def test_repair_of_a_healthy_team_changes_nothing(
@@ -161,7 +153,7 @@ async def test_damage_found_by_the_rescan_never_cancels_the_mailboxes(tmp_path: 
         for i in range(5):
             await mail.send(Envelope.message("lead", "worker", i))
         inbox = mail.inbox("worker")
-        assert len(await _drain(mail)) == 5
+        assert len(await received_now(mail)) == 5
         os.truncate(team / "inboxes" / "worker.jsonl", 10)
         await anyio.sleep(0.05)  # several rescans see the damage
         with pytest.raises(StoreCorrupt):
@@ -187,4 +179,4 @@ async def test_a_cursor_naming_a_missing_segment(
     out = _repair(team, capsys)
     assert "the cursor named segment 5" in out and "cannot be delivered" in out
     async with FileMailboxes(team) as mail:
-        assert [e.body for e in await _drain(mail)] == [0, 1]  # delivered again
+        assert [e.body for e in await received_now(mail)] == [0, 1]  # delivered again

@@ -18,18 +18,10 @@ from teamrt import Envelope, FileMailboxes, StoreError
 from teamrt.mail.filestore import InboxPaths
 from teamrt.mail.filestore.framing import decode_all
 from teamrt.mail.log import Record
-from tests.test_processes import _acked, _finish, _spawn, _wait_ready
+from tests.mail.filestore.helpers import received_now
+from tests.support.children import finish, read_acked, spawn, wait_ready
 
 MEMBERS = ("lead", "worker")
-
-
-async def _drain(mail: FileMailboxes, name: str = "worker") -> list[Envelope]:
-    inbox, out = mail.inbox(name), []
-    while True:
-        try:
-            out.append(inbox.receive_nowait())
-        except anyio.WouldBlock:
-            return out
 
 
 def _all_lines(team: Path) -> list[Record]:
@@ -72,7 +64,7 @@ async def test_the_active_log_exists_at_every_step_and_readers_cross_it(
         for i in range(30):
             await mail.send(Envelope.message("lead", "worker", {"i": i, "pad": "x" * 100}))
         monkeypatch.undo()
-        got += await _drain(mail)
+        got += await received_now(mail)
     assert {"after link", "before rename"} <= set(seen)
     assert [e.body["i"] for e in got] == list(range(30))
     assert [e.seq for e in got] == list(range(30))
@@ -115,7 +107,7 @@ async def test_a_failure_in_the_middle_of_a_rotation_is_repaired_by_the_next_sen
         assert paths.log.exists() and paths.segment(0).exists() and paths.active_index() == 0
         for i in range(failed_at, 20):
             await mail.send(Envelope.message("lead", "worker", {"i": i, "pad": "x" * 100}))
-        got = await _drain(mail)
+        got = await received_now(mail)
     assert [e.body["i"] for e in got] == list(range(20))
     assert [e.seq for e in got] == list(range(20))
     assert len({r.envelope.id for r in _all_lines(team)}) == len(_all_lines(team)) == 20
@@ -128,19 +120,19 @@ async def test_a_writer_killed_at_any_step_of_a_rotation(tmp_path: Path, step: s
         pass
     acks = tmp_path / "acks"
     (tmp_path / "go").touch()
-    proc = _spawn(
+    proc = spawn(
         "send",
         *(str(team), "s0", "100", "300", str(acks), "0"),
         env={"TEAMRT_TEST_FAULT": f"rotation:{step}:2"},
     )
-    _finish(proc, -signal.SIGKILL)
-    acked = _acked(acks)
+    finish(proc, -signal.SIGKILL)
+    acked = read_acked(acks)
     assert 0 < len(acked) < 100
     assert (team / "inboxes" / "worker.jsonl").exists()
     async with FileMailboxes(team) as mail:
         for i in range(5):  # the next writer finishes the rotation
             await mail.send(Envelope.message("lead", "worker", {"i": 1000 + i, "pad": "x" * 300}))
-        got = await _drain(mail)
+        got = await received_now(mail)
         assert mail.inbox("worker").statistics().quarantined == 0
     assert [e.id for e in got[: len(acked)]] == [row[0] for row in acked]
     assert [e.body["i"] for e in got[len(acked) :]] == list(range(1000, 1005))
@@ -186,19 +178,19 @@ async def test_many_writers_killed_during_rotations_lose_nothing(
     async with FileMailboxes(team, members=MEMBERS, segment_bytes=4096):
         pass
     effects = tmp_path / "effects"
-    consumer = _spawn("consume-until", str(team), str(effects), "final")
-    _wait_ready([Path(f"{effects}.ready")], [consumer])
+    consumer = spawn("consume-until", str(team), str(effects), "final")
+    wait_ready([Path(f"{effects}.ready")], [consumer])
     acks = [tmp_path / f"acks{k}" for k in range(nwriters)]
     faults = ["rotation:link:3", "rotation:create:3", "rotation:rename:3"]
     procs = [
-        _spawn(
+        spawn(
             "send",
             *(str(team), f"s{k}", str(count), "200", str(acks[k]), "0"),
             env={"TEAMRT_TEST_FAULT": faults[k]} if k < len(faults) else None,
         )
         for k in range(nwriters)
     ]
-    _wait_ready([Path(f"{a}.ready") for a in acks], procs)
+    wait_ready([Path(f"{a}.ready") for a in acks], procs)
     (tmp_path / "go").touch()
     rng = random.Random(11)
     time.sleep(0.05)
@@ -208,14 +200,14 @@ async def test_many_writers_killed_during_rotations_lose_nothing(
     for proc in procs:
         proc.wait(timeout=120)
         assert proc.returncode in (0, -signal.SIGKILL)
-        _finish(proc, proc.returncode)
+        finish(proc, proc.returncode)
     async with FileMailboxes(team) as mail:
         await mail.send(Envelope.message("lead", "worker", "final"))
-    _finish(consumer)
+    finish(consumer)
 
     consumed = [line.split() for line in effects.read_text().splitlines()]
     consumed_ids = {row[0] for row in consumed}
-    acked = [row for path in acks for row in _acked(path)]
+    acked = [row for path in acks for row in read_acked(path)]
     assert sum(p.returncode == -signal.SIGKILL for p in procs) >= len(faults)
     assert [row for row in acked if row[0] not in consumed_ids] == []  # no loss
     seqs = [int(row[1]) for row in consumed]
