@@ -31,16 +31,15 @@ from pathlib import Path
 
 import anyio
 
-from teamrt.conductor.brakes import Budget, fingerprint, transcript_tail
-from teamrt.conductor.checks import Evidence, Policy, run_check
+from teamrt.conductor.brakes import Budget, transcript_tail
+from teamrt.conductor.checks import Evidence, Policy
 from teamrt.conductor.escalation import Escalations, announcement, question
 from teamrt.conductor.ledger import Ledger
 from teamrt.conductor.plan import Plan, Subtask, advance
 from teamrt.conductor.planner import make_plan
-from teamrt.conductor.rules import Accept, Rules, Ruling, Stop, Verdict, circling, replanned
-from teamrt.conductor.rules import check as rule_check
-from teamrt.conductor.rules import integration as rule_integration
+from teamrt.conductor.rules import Accept, Rules, Stop, Verdict, circling, replanned
 from teamrt.conductor.state import ConductorState, Decision
+from teamrt.conductor.verify import Verifier
 from teamrt.conductor.workers import WATCH_INTERVAL as WATCH_INTERVAL
 from teamrt.conductor.workers import Workers
 from teamrt.envelopes import Envelope
@@ -138,6 +137,7 @@ class Conductor:
             ledger=self.ledger,
         )
         self.mail_watch = self.pool.mail_watch
+        self.verifier = Verifier(self.workdir, policy, self.ledger, self.mail_watch)
         self._wave: anyio.CancelScope | None = None
 
     @property
@@ -284,25 +284,9 @@ class Conductor:
             if answer.hung:
                 await self.pool.cancel(worker, f"hung on subtask {sid}: {answer.failure}")
             return "stuck", "The previous attempt did not finish.", None, ()
-        self.ledger.move(sid, "submit")
-        state.decide(worker, "submit", sid, answer.text[:300])
-        evidence = await run_check(subtask.check, self.workdir, self.policy)
-        self._record_check(sid, evidence)
-        ruling = self._apply(sid, rule_check(subtask, evidence), evidence)
-        if ruling.verdict is None:
-            check = state.plan.integration_check
-            evidence_or_none = None
-            if check is not None:
-                evidence_or_none = await run_check(check, self.workdir, self.policy)
-            ruling = self._apply(sid, rule_integration(evidence_or_none), evidence_or_none)
-        assert ruling.verdict is not None  # the integration ruling always has one
+        ruling = await self.verifier.verify(subtask, worker, answer.text)
+        assert ruling.verdict is not None  # the last check's ruling always has one
         return ruling.verdict, ruling.feedback, ruling.why, ()
-
-    def _apply(self, sid: str, ruling: Ruling, evidence: Evidence | None) -> Ruling:
-        """Record a ruling on `sid`: its lifecycle move and its decision, with the evidence."""
-        self.ledger.move(sid, ruling.event)
-        self.ledger.current.decide("conductor", ruling.action, sid, ruling.detail, evidence)
-        return ruling
 
     async def _escalate(self, subtask: Subtask, why: str, said: Sequence[str] = ()) -> bool:
         """Ask the human; True if the subtask goes on (retry), False if it is settled."""
@@ -356,34 +340,11 @@ class Conductor:
         return False
 
     async def _accept_or_replan(self) -> None:
+        """The acceptance check; if it is red, a new plan while the planner may make one."""
+        evidence = await self.verifier.accept()
+        if evidence is None:
+            return
         state = self.ledger.current
-        evidence = await run_check(state.plan.acceptance_check, self.workdir, self.policy)
-        if evidence.error is not None:
-            state.decide(
-                "conductor",
-                "check error",
-                detail=f"the acceptance check could not run: {evidence.error}",
-                evidence=evidence,
-            )
-            self.ledger.stop("check error", "the acceptance check could not run")
-            log.warning(
-                "the acceptance check could not run: %s (%s); the run stops with its state in %s",
-                evidence.error,
-                evidence.command,
-                self.state_path,
-            )
-            return
-        if evidence.passed:
-            state.outcome = "accepted"
-            state.decide("conductor", "accept", detail="acceptance check passed", evidence=evidence)
-            self.ledger.save()
-            return
-        state.decide(
-            "conductor",
-            "reject",
-            detail="every subtask is done but the acceptance check is red: the plan was wrong",
-            evidence=evidence,
-        )
         if self.planner is None or state.replans >= self.max_replans:
             state.outcome = "acceptance failed"
             self.ledger.save()
@@ -430,15 +391,6 @@ class Conductor:
         await self.pool.cancel_busy(f"the conductor stopped the run: {outcome}")
         if self._wave is not None:
             self._wave.cancel()
-
-    def _record_check(self, sid: str, evidence: Evidence) -> None:
-        """A check result unlike the last one is progress: the brakes count afresh."""
-        state = self.ledger.current
-        mark = fingerprint(evidence)
-        if state.last_checks.get(sid) != mark:
-            state.last_checks[sid] = mark
-            state.handoffs[sid] = 0
-            self.mail_watch.progress()
 
     def _refused(self, envelope: Envelope, why: str) -> None:
         log.warning("refused %s %s from %s: %s", envelope.kind, envelope.id, envelope.sender, why)
