@@ -20,6 +20,12 @@ conductor's `Budget` and the team's budget end the run with outcome `budget`; `s
 
 Every decision, with who made it and the evidence, is saved to `conductor/state.json` at once;
 a conductor killed or braked mid-run resumes from it without redoing accepted work.
+
+The parts. `Conductor` is the async driver: the waves, a subtask's rounds, escalation, replanning
+and the brakes. What comes next and what a check's result means are `rules.Rules` and its
+rulings, pure; the run's state and its saving are `ledger.Ledger`; choosing, asking and
+cancelling workers and the chatter brake are `workers.Workers`; running the checks is
+`verify.Verifier`.
 """
 
 from __future__ import annotations
