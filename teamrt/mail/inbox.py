@@ -234,6 +234,12 @@ class Inbox:
         self._tracker = AckTracker(cursor)
         store.watch_inbox(name)
 
+    @property
+    def lease(self) -> Lease | None:
+        """The member's lease as this inbox took it; None while it shares the one its store
+        holds for another holder in this process (a Team), and once closed."""
+        return self._lease
+
     # -- receiving --
 
     def _holder(self) -> str:

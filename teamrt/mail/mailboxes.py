@@ -373,7 +373,7 @@ class Mailboxes:
         try:
             encoded = self._encode(envelope, traced=traced)
         except EnvelopeTooLarge as refused:  # its body goes as a claim check (claims.py)
-            encoded = await claims.check_in(self, envelope, refused)
+            encoded = await self._check_in(envelope, refused)
         recipient = envelope.recipient
         if recipient == "*" and isinstance(envelope, Broadcast):  # (only a broadcast's is "*")
             await self._broadcast(envelope, encoded)
@@ -383,6 +383,14 @@ class Mailboxes:
         except (StoreUnavailable, OutcomeUnknown):
             await self._append(recipient, encoded)  # retried with the same bytes
         self._wake(recipient)
+
+    async def _check_in(self, envelope: Envelope, refused: EnvelopeTooLarge) -> bytes:
+        """`envelope` as a claim check (claims.py): its body kept as a blob, and the
+        reference that names it encoded (not validated again: the body was)."""
+        reference, put = claims.check_in(self.store, envelope, refused)
+        (encoded,) = self._encode_many((reference,), validate=False)
+        await self._retrying(envelope.recipient, put)
+        return encoded
 
     async def _append(self, recipient: str, encoded: bytes | Sequence[bytes]) -> None:
         """Append, retried as `_retrying` says."""

@@ -162,11 +162,17 @@ class Appender:
             raise
         BUDGET.opened(self, 2)
 
+    @property
+    def held_descriptors(self) -> int:
+        """The descriptors this appender holds: its inbox and lock files, and the retired
+        segments whose last fdatasync has not returned."""
+        return 2 + len(self._retired)
+
     def release_descriptors(self) -> bool:
         """Close, if idle (the budget asks): the store opens a new appender for the next send."""
         if self.busy or self.waiters or self.syncs.pending or self._syncing >= 0 or self._retired:
             return False
-        self.store._drop_appender(self)
+        self.store.drop_appender(self)
         self._close()
         return True
 
