@@ -60,9 +60,9 @@ from teamrt.envelopes import (
     Request,
     Response,
     _new,
-    _payloads,
     check_finite,
     payload_model,
+    registered_payload,
 )
 from teamrt.errors import InvalidEnvelope, TeamrtError
 from teamrt.names import is_name as _valid_name
@@ -643,7 +643,6 @@ def _by_pydantic(line: bytes) -> EnvelopeFields | str:
 
 
 _typed_decode: Final = msgspec.json.Decoder(EnvelopeFields).decode
-_payload_for: Final = _payloads.get  # payload_model(), without its call
 
 
 def _typed(line: bytes) -> EnvelopeFields | str | None:
@@ -672,7 +671,7 @@ def _typed(line: bytes) -> EnvelopeFields | str | None:
         or fields.fields_set is not _ALL_FIELDS
     ):
         return None
-    registered = _payload_for(fields.type)
+    registered = registered_payload(fields.type)
     if registered is not None:
         refused = _payload_reason(registered, fields.body)
         if refused is not None:

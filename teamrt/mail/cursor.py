@@ -168,10 +168,7 @@ class AckTracker:
         ):
             self._add(segment, end, seq, handled=True)
             return False
-        index = self._next  # _add(handled=False), inlined: once per envelope received
-        self._next = index + 1
-        self._items[index] = (segment, end, seq)
-        self._outstanding[id_] = index
+        self._outstanding[id_] = self._add(segment, end, seq, handled=False)
         return True
 
     def skipped(self, end: Position, seq: int | None = None, id_: str | None = None) -> None:

@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -34,16 +34,14 @@ from pydantic import ValidationError
 from teamrt import telemetry
 from teamrt.codec import encode
 from teamrt.envelopes import (
-    ERROR_TYPE,
     Broadcast,
     Envelope,
     ErrorBody,
     Request,
     Response,
-    _payloads,
-    _trace,
     current_trace,
     payload_model,
+    registered_payload,
     validate_body,
 )
 from teamrt.errors import (
@@ -76,7 +74,6 @@ __all__ = [
 
 log = logging.getLogger("teamrt.mail")
 T = TypeVar("T")
-_payload_for: Final = _payloads.get  # payload_model(), without its call (once per send)
 
 DEFAULT_RESCAN_INTERVAL = 1.0
 #: A request to a member that ran and is not running fails after this many seconds (the
@@ -303,10 +300,10 @@ class Mailboxes:
         if (
             fields["team"] is None
             and self._signer is None
-            and (fields["trace_id"] is not None or _trace.get() is None)  # current_trace()
+            and (fields["trace_id"] is not None or current_trace() is None)
             and not (telemetry.enabled() if traced is None else traced)
             and type(fields["type"]) is str
-            and _payload_for(fields["type"]) is None
+            and registered_payload(fields["type"]) is None
         ):
             encoded = encode(envelope, finite=True)
             if len(encoded) <= self.store.max_envelope:
@@ -517,7 +514,7 @@ class Mailboxes:
             response = await self._watch_for_response(envelope, timeout, require_live)
         else:
             response = await self._request(envelope, timeout, deadline, require_live)
-        if response.type == ERROR_TYPE:  # `is_error`, without its call (a `Response` here)
+        if response.is_error:
             raise remote_error(response)
         return response
 

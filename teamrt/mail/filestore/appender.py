@@ -65,7 +65,7 @@ from teamrt.mail.filestore.framing import (
 )
 from teamrt.mail.filestore.paths import InboxPaths, same_file
 from teamrt.mail.group import GroupCommit
-from teamrt.mail.log import decode_line, stamp_many
+from teamrt.mail.log import decode_line, stamp, stamp_many
 
 if TYPE_CHECKING:
     from teamrt.mail.filestore.store import FileStore
@@ -300,8 +300,8 @@ class Appender:
             raise translate(exc, self.what) from None
         first = self.next_seq
         team = store.team_bytes
-        if len(encoded) == 1:  # `stamp`, inlined (once per send)
-            line = b'{"seq":%d,"team":"%b",%b\n' % (first, team, encoded[0])
+        if len(encoded) == 1:
+            line = stamp(encoded[0], first, team)
         else:
             line = stamp_many(encoded, first, team)
         try:
