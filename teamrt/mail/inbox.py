@@ -178,7 +178,7 @@ class Inbox:
         # decoded by _pump() (or released), not yet received
         self._ready: deque[EnvelopeFields | Envelope] = deque()
         self._entries: deque[Entry] = deque()  # read, not yet decoded
-        self._one: list[EnvelopeFields] = []  # _next()'s
+        self._one: list[EnvelopeFields] = []  # what _take() decodes into, one at a time
         self._released: set[str] = set()  # ids handed back by release() and not acked since
         self._to_quarantine: list[Corrupt] = []  # recorded before the next cursor commit
         self._max_line = store.max_line
@@ -347,10 +347,11 @@ class Inbox:
             return item.to_envelope() if type(item) is EnvelopeFields else item  # type: ignore[return-value]
         if self._closed:
             raise MailboxClosed(f"{self.name}'s inbox is closed")
-        fields = self._next()
-        if fields is None:
+        one = self._one
+        self._fill(one, 1)
+        if not one:
             raise WouldBlock
-        return fields.to_envelope()
+        return one.pop().to_envelope()
 
     async def receive(self, timeout: float | None = None) -> Envelope:
         """Wait for the next envelope; raise `ReceiveTimeout` after `timeout` seconds."""
@@ -660,12 +661,6 @@ class Inbox:
         if self._waiters:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
-
-    def _next(self) -> EnvelopeFields | None:
-        """The next envelope for `receive`, decoded; None when nothing more is there."""
-        one = self._one
-        self._fill(one, 1)
-        return one.pop() if one else None
 
     def _fill(
         self, out: list[EnvelopeFields] | deque[EnvelopeFields | Envelope], max: float
