@@ -42,7 +42,7 @@ def _load_statx() -> Callable[..., int] | None:
     except (OSError, AttributeError):
         return None
     # no argtypes: ctypes' default conversions (int, bytes, buffer) fit statx's arguments, so
-    # there is nothing for ctypes to check on each of the reopen path's calls
+    # there is nothing for ctypes to check on each call (one per cursor commit)
     statx.restype = ctypes.c_int
     return statx
 
