@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -34,7 +35,6 @@ from teamrt.errors import BlobTooLarge, EnvelopeTooLarge, PayloadError, StoreCor
 
 if TYPE_CHECKING:
     from teamrt.envelopes import Envelope
-    from teamrt.mail.mailboxes import Mailboxes
     from teamrt.mail.store import Store
 
 __all__ = ["CLAIM", "Claim", "check_in", "claim_of", "mib", "redeem", "redeemed", "valid_digest"]
@@ -113,11 +113,13 @@ def claim_of(body: Any) -> Claim | None:
     return Claim(digest, size, kind)
 
 
-async def check_in(mail: Mailboxes, envelope: Envelope, refused: EnvelopeTooLarge) -> bytes:
-    """`envelope`, too large for its inbox (`refused` says so), encoded with its body kept as a
-    blob and replaced by a reference; `BlobTooLarge` over the store's `max_blob`, and
-    `refused` itself when `max_blob` is 0 (claim checks off)."""
-    store = mail.store
+def check_in(
+    store: Store, envelope: Envelope, refused: EnvelopeTooLarge
+) -> tuple[Envelope, Callable[[], Awaitable[None]]]:
+    """`envelope`, too large for its inbox (`refused` says so), with its body replaced by a
+    reference, and the store call that keeps the body as a blob (safe to repeat); the sender
+    makes that call, then sends the reference. `BlobTooLarge` over the store's `max_blob`,
+    and `refused` itself when `max_blob` is 0 (claim checks off)."""
     if not store.max_blob:
         raise refused
     claim, data = Claim.of(envelope.body)
@@ -129,9 +131,7 @@ async def check_in(mail: Mailboxes, envelope: Envelope, refused: EnvelopeTooLarg
             "or raise max_blob"
         )
     reference = envelope.model_copy(update={"body": claim.body()})
-    (encoded,) = mail._encode_many((reference,), validate=False)  # (validated as sent)
-    await mail._retrying(envelope.recipient, lambda: store.blob_put(claim.sha256, data))
-    return encoded
+    return reference, lambda: store.blob_put(claim.sha256, data)
 
 
 def redeem(store: Store, fields: EnvelopeFields) -> EnvelopeFields | str:

@@ -166,17 +166,14 @@ class AckTracker:
             or (self._restart_runs and self._handled_before_restart(segment, end))
             or (self._legacy_acked and self._legacy_acked_once(id_))
         ):
-            self._add(segment, end, seq, handled=True)
+            self._mark(self._add(segment, end, seq))
             return False
-        index = self._next  # _add(handled=False), inlined: once per envelope received
-        self._next = index + 1
-        self._items[index] = (segment, end, seq)
-        self._outstanding[id_] = index
+        self._outstanding[id_] = self._add(segment, end, seq)
         return True
 
     def skipped(self, end: Position, seq: int | None = None, id_: str | None = None) -> None:
         """An item handled without the owner's ack: a corrupt line, a duplicate, an acked id."""
-        self._add(end[0], end[1], -1 if seq is None else seq, handled=True)
+        self._mark(self._add(end[0], end[1], -1 if seq is None else seq))
 
     def ack(self, id_: str) -> bool:
         """Mark `id_` handled; False if it was not delivered or is already acked."""
@@ -217,12 +214,11 @@ class AckTracker:
         """True if `id_` was delivered and is not acked yet."""
         return id_ in self._outstanding
 
-    def _add(self, segment: int, end: int, seq: int, *, handled: bool) -> int:
+    def _add(self, segment: int, end: int, seq: int) -> int:
+        """The next item in log order, ending at `(segment, end)`: its index."""
         index = self._next
         self._next = index + 1
         self._items[index] = (segment, end, seq)
-        if handled:
-            self._mark(index)
         return index
 
     def _mark(self, index: int) -> None:

@@ -31,9 +31,10 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Self
+from typing import Self, TypeVar
 
 import anyio
 import msgspec
@@ -52,12 +53,14 @@ from teamrt.errors import (
 from teamrt.mail.claims import CLAIM, redeem
 from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import AckTracker, Corrupt, Cursor, Entry
-from teamrt.mail.store import InboxReader, Lease, run_local
-
-if TYPE_CHECKING:
-    from teamrt.mail.mailboxes import Mailboxes
+from teamrt.mail.signing import Signer
+from teamrt.mail.store import InboxReader, Lease, Store, run_local
 
 _REMEMBERED_REQUESTS = 4096
+T = TypeVar("T")
+#: How an inbox makes a store call that is safe to repeat: `(call, what)` with an outage
+#: waited out (`Mailboxes.riding_out`).
+RideOut = Callable[[Callable[[], Awaitable[T]], str], Awaitable[T]]
 
 
 log = logging.getLogger("teamrt.mail")
@@ -127,12 +130,14 @@ def _wake_waiter(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-class _Reply(msgspec.Struct, gc=False):
-    """What a `request()` waits for: the answer from `expected`, the member that was asked.
+class PendingReply(msgspec.Struct, gc=False):
+    """What a `request()` waits for (`Inbox.expect_reply`): the answer to `request_id` from
+    `expected`, the member that was asked; `response` once it came.
 
-    A msgspec struct: one is made per request, built in C (a plain class's `__init__` costs
-    a Python call). Not tracked by the garbage collector: nothing it holds refers back to it."""
+    A msgspec struct, not tracked by the garbage collector: one is made per request, and
+    nothing it holds refers back to it."""
 
+    request_id: str
     expected: str
     response: Response | None = None
 
@@ -145,30 +150,44 @@ class Inbox:
     again.
     """
 
-    def __init__(self, mailboxes: Mailboxes, name: str) -> None:
-        """Not open yet: `Mailboxes.inbox()` / `open_inbox()` open it."""
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        *,
+        commit_soon: Callable[[], None],
+        riding_out: RideOut[None],
+        signer: Signer | None = None,
+    ) -> None:
+        """Not open yet: `Mailboxes.inbox()` / `open_inbox()` make and open it.
+
+        `commit_soon`: asks for this inbox's cursor to be committed in the background soon
+        (`flush()` commits it); `riding_out`: makes a repeatable store call with an outage
+        waited out; `signer`: the team key's, in a signed team."""
         self.name = name
-        self._mailboxes = mailboxes
-        self._store = store = mailboxes.store
+        self._commit_soon = commit_soon
+        self._riding_out = riding_out
+        self._store = store
         # one consumer per inbox: this process's lease on the member, shared with a Team of
         # this process that already holds it (then re-taken if that Team lets it go)
         self._lease: Lease | None = None
         self._reader: InboxReader | None = None
         self._tracker = AckTracker()
         self._team = store.team
-        self._signer = mailboxes._signer
+        self._signer = signer
         # decoded by _pump() (or released), not yet received
         self._ready: deque[EnvelopeFields | Envelope] = deque()
         self._entries: deque[Entry] = deque()  # read, not yet decoded
-        self._one: list[EnvelopeFields] = []  # _next()'s
+        self._one: list[EnvelopeFields] = []  # what _take() decodes into, one at a time
         self._released: set[str] = set()  # ids handed back by release() and not acked since
         self._to_quarantine: list[Corrupt] = []  # recorded before the next cursor commit
         self._max_line = store.max_line
-        # one future per waiting task (what an asyncio.Event keeps, without its 6 us of making
-        # and waiting through anyio's wrapper on every wait); _signal() completes them all
+        # one future per waiting task (what an asyncio.Event keeps, without anyio's wrapper
+        # around every wait); wake() completes them all
         self._waiters: list[asyncio.Future[None]] = []
-        # the waiters with a deadline, and one timer for all of them at the earliest (a timer
-        # armed per wait and cancelled at every wake-up cost a request about 2 us on its path)
+        # the waiters with a deadline, and one timer for all of them at the earliest: most
+        # waits end in a wake-up well before their deadline, and one timer re-armed only
+        # when an earlier deadline comes is not made and cancelled on every wait
         self._deadlines: dict[asyncio.Future[None], float] = {}
         # their deadlines, earliest first, with entries of waiters gone since (dropped when
         # they come first, or all at once when they are most of it)
@@ -180,7 +199,7 @@ class Inbox:
         # signalled since the last read (by a notification, a send from this process, a rescan,
         # a release): with a reader that caught up, receive() reads only if this is set
         self._poked = False
-        self._pending: dict[str, _Reply] = {}
+        self._pending: dict[str, PendingReply] = {}  # request id: what its request() awaits
         self._answered = _Recent(_REMEMBERED_REQUESTS)
         # responses handed to their request() and not acked yet, as (response id, request id):
         # acked after the requester has its answer (`_settle`), off the round trip's path
@@ -193,7 +212,9 @@ class Inbox:
         # leases that cannot be lost while this process lives need no fence on reads
         self._unfenced = store.lease_validity == math.inf
 
-    async def _open(self) -> None:
+    async def open(self) -> None:
+        """Take the member's lease (unless this process holds it already) and start reading
+        from the committed cursor. `Mailboxes` opens the inboxes it makes."""
         store, name = self._store, self.name
         if not store.lease_held(name):
             self._lease = await store.acquire_lease(name, self._holder())
@@ -212,6 +233,12 @@ class Inbox:
         self._reader = reader
         self._tracker = AckTracker(cursor)
         store.watch_inbox(name)
+
+    @property
+    def lease(self) -> Lease | None:
+        """The member's lease as this inbox took it; None while it shares the one its store
+        holds for another holder in this process (a Team), and once closed."""
+        return self._lease
 
     # -- receiving --
 
@@ -258,9 +285,12 @@ class Inbox:
             )
 
     def _fenced(self) -> bool:
-        """The read fence's fast path: True if what is handed out now is handed out while the
-        member's lease is known held (or this inbox holds none to check: the lease logic
-        above takes one first)."""
+        """The read fence without asking the store: True if what is handed out now is handed
+        out while the member's lease is known held, or needs no fence (a lease that cannot be
+        lost while this process lives, a closed inbox, or none to check: the lease logic
+        takes one first). False: ask the store (`_confirm`) before handing anything out."""
+        if self._unfenced or self._closed:
+            return True
         lease = self._lease
         record = lease.record if lease is not None else self._store.lease_record(self.name)
         return record is None or record.known_held()
@@ -303,56 +333,39 @@ class Inbox:
 
     def receive_nowait(self) -> Envelope:
         """The next envelope, or raise `anyio.WouldBlock` if none is there yet."""
-        lease = self._lease  # the receive hot path: _lease_ok() inlined
-        if lease is None:
-            if not self._store.lease_held(self.name):
-                self._retake_lease()
-        elif lease.record.expired:
-            self._lease_ok()  # raises LeaseLost
-        if not self._unfenced and not self._fenced():
+        if not self._lease_ok():  # raises LeaseLost if the lease expired
+            self._retake_lease()
+        if not self._fenced():
             raise WouldBlock  # `receive` asks the store whether the lease is still held
         return self._take()
 
     def _take(self) -> Envelope:
-        """`receive_nowait` once the lease is checked."""
+        """The next envelope once the lease and the fence are checked (`WouldBlock` if none
+        is there yet): what `receive_nowait` and `receive` hand out."""
         if self._ready:
             item = self._ready.popleft()
             return item.to_envelope() if type(item) is EnvelopeFields else item  # type: ignore[return-value]
         if self._closed:
             raise MailboxClosed(f"{self.name}'s inbox is closed")
-        fields = self._next()
-        if fields is None:
+        one = self._one
+        self._fill(one, 1)
+        if not one:
             raise WouldBlock
-        return fields.to_envelope()
+        return one.pop().to_envelope()
 
     async def receive(self, timeout: float | None = None) -> Envelope:
         """Wait for the next envelope; raise `ReceiveTimeout` after `timeout` seconds."""
         deadline = math.inf if timeout is None else deadline_after(timeout)
-        ready, one = self._ready, self._one
-        while True:  # the receive hot path: _lease_ok(), _unread() and _take() inlined
-            lease = self._lease
-            if (
-                (lease is None or lease.record.expired)
-                and not self._closed
-                and not self._lease_ok()  # raises LeaseLost if the lease expired
-            ):
+        while True:  # `receive_nowait`, with the lease and the fence asked of the store
+            if not self._closed and not self._lease_ok():  # LeaseLost if the lease expired
                 await self._check_lease()
-            if (
-                not self._unfenced
-                and not self._closed
-                and not self._fenced()
-                and not await self._confirm(deadline)
-            ):
+            if not self._fenced() and not await self._confirm(deadline):
                 continue  # no lease to check any more: the lease logic above takes it again
-            if ready:
-                item = ready.popleft()
-                return item.to_envelope() if type(item) is EnvelopeFields else item  # type: ignore[return-value]
-            if self._closed:
-                raise MailboxClosed(f"{self.name}'s inbox is closed")
-            if self._entries or self._poked or not self._reading.caught_up:
-                self._fill(one, 1)
-                if one:
-                    return one.pop().to_envelope()
+            if self._unread():
+                try:
+                    return self._take()
+                except WouldBlock:
+                    pass
             if not await self._wait(deadline, read=True):
                 raise ReceiveTimeout(f"nothing arrived in {self.name}'s inbox within {timeout:g}s")
 
@@ -403,12 +416,7 @@ class Inbox:
         while True:
             if not self._closed and not self._lease_ok():
                 await self._check_lease()
-            if (
-                not self._unfenced
-                and not self._closed
-                and not self._fenced()
-                and not await self._confirm(deadline)
-            ):
+            if not self._fenced() and not await self._confirm(deadline):
                 continue
             batch = self.drain_nowait(max) if self._unread() else []
             if batch:
@@ -421,7 +429,7 @@ class Inbox:
             raise UsageError(f"max must be at least 1, not {max}")
         if not self._lease_ok():  # raises LeaseLost if the lease expired
             self._retake_lease()
-        if not self._unfenced and not self._closed and not self._fenced():
+        if not self._fenced():
             return []  # `receive` and `drain` ask the store whether the lease is still held
         batch: list[EnvelopeFields | Envelope] = []
         ready, append = self._ready, batch.append
@@ -458,7 +466,7 @@ class Inbox:
         """
         if self._mark(envelopes):
             self._commits.ticket()
-            self._mailboxes._commit_soon(self)
+            self._commit_soon()
 
     def release(self, *envelopes: Envelope | EnvelopeFields) -> None:
         """Hand back envelopes that were received but not acked: the next `receive` calls get
@@ -488,7 +496,7 @@ class Inbox:
         self._ready.extendleft(reversed(envelopes))
         self._released.update(envelope.id for envelope in envelopes)
         if envelopes:
-            self._signal()
+            self.wake()
 
     async def flush(self) -> None:
         """Wait until every ack so far is in the committed cursor."""
@@ -531,16 +539,16 @@ class Inbox:
     async def _commit(self) -> None:
         if self._routed:
             self._settle()
-        reader, mail = self._reading, self._mailboxes
+        reader = self._reading
         while self._to_quarantine:  # recorded before the cursor that passes them
-            await mail.riding_out(
+            await self._riding_out(
                 partial(reader.quarantine, self._to_quarantine[0]),
                 f"quarantine a record of {self.name}'s inbox",
             )
             del self._to_quarantine[0]
         # the same cursor again is harmless, and a lost lease (LeaseLost) is final at once
         cursor = self._tracker.cursor()
-        await mail.riding_out(lambda: reader.commit(cursor), f"commit {self.name}'s cursor")
+        await self._riding_out(lambda: reader.commit(cursor), f"commit {self.name}'s cursor")
 
     def _unread(self) -> bool:
         """False when a read now would find nothing: the last read took all there was (the
@@ -554,8 +562,10 @@ class Inbox:
             or not self._reading.caught_up
         )
 
-    def _signal(self) -> None:
-        """Wake every task waiting in `_wait` (each then looks at what there is)."""
+    def wake(self) -> None:
+        """Wake every task waiting on this inbox (each then looks at what there is): for
+        whoever knows something changed, such as a send from this process or the store's
+        notification."""
         self._poked = True
         waiters = self._waiters
         if waiters:
@@ -565,22 +575,25 @@ class Inbox:
                     waiter.set_result(None)
 
     @property
-    def _waited_on(self) -> bool:
+    def waited_on(self) -> bool:
         """True while some task waits for this inbox to change."""
         return bool(self._waiters)
 
-    def _has_new(self) -> bool:
+    async def rescan(self, *, fetch: bool) -> None:
+        """The safety net behind lost notifications: wake the tasks waiting on this inbox if
+        its store has records they were not told of. `fetch`: also ask the store for records
+        it has not pushed yet (a network store's watcher may have missed some); its
+        `StoreError`s go to the caller."""
         reader = self._reader
-        return bool(self._waiters) and reader is not None and reader.has_new()
-
-    async def _fetch(self) -> bool:
-        """Ask the store for records it has not pushed yet; True if some came."""
-        reader = self._reader
-        if reader is None or self._closed:
-            return False
-        entries = await reader.fetch()
-        self._entries.extend(entries)
-        return bool(entries)
+        if not self._waiters or reader is None:
+            return
+        if reader.has_new():
+            self.wake()
+        elif fetch and not self._closed:
+            entries = await reader.fetch()
+            self._entries.extend(entries)
+            if entries:
+                self.wake()
 
     async def _wait(self, deadline: float, *, read: bool = False) -> bool:
         """Wait for a wake-up; False once `deadline` (monotonic) has passed.
@@ -598,14 +611,14 @@ class Inbox:
             try:
                 await waiter
             finally:
-                if self._waiters:  # not emptied by _signal
+                if self._waiters:  # not emptied by wake()
                     self._forget(waiter)
             return True
         if deadline <= time.monotonic():
             self._forget(waiter)
             return False
-        # the inbox's one timer wakes this waiter at its deadline (a cancel scope would cost
-        # about 7 us more per wait); the waiter tells a wake-up in time from it by the clock
+        # the inbox's one timer wakes this waiter at its deadline (no cancel scope per wait:
+        # most waits end in a wake-up); the waiter tells a wake-up in time from it by the clock
         deadlines, heap = self._deadlines, self._heap
         deadlines[waiter] = deadline
         if len(heap) > 2 * len(deadlines) + 16:  # mostly waiters gone: keep those still here
@@ -618,7 +631,7 @@ class Inbox:
             await waiter
         finally:
             del deadlines[waiter]
-            if self._waiters:  # not emptied by _signal
+            if self._waiters:  # not emptied by wake()
                 self._forget(waiter)
         return time.monotonic() < deadline
 
@@ -644,16 +657,10 @@ class Inbox:
             self._arm(self._timer_loop, heap[0][0])
 
     def _forget(self, waiter: asyncio.Future[None]) -> None:
-        """Drop `waiter` if `_signal` did not (its deadline passed, or its task was cancelled)."""
+        """Drop `waiter` if `wake` did not (its deadline passed, or its task was cancelled)."""
         if self._waiters:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
-
-    def _next(self) -> EnvelopeFields | None:
-        """The next envelope for `receive`, decoded; None when nothing more is there."""
-        one = self._one
-        self._fill(one, 1)
-        return one.pop() if one else None
 
     def _fill(
         self, out: list[EnvelopeFields] | deque[EnvelopeFields | Envelope], max: float
@@ -738,7 +745,7 @@ class Inbox:
         self._tracker.skipped(item.end)
         self._quarantined += 1
         self._commits.ticket()  # recorded, and passed by the cursor, soon
-        self._mailboxes._commit_soon(self)
+        self._commit_soon()
 
     def _route(self, response: EnvelopeFields) -> bool:
         """Hand a response to the request awaiting it; True if it is for `receive` instead."""
@@ -750,9 +757,9 @@ class Inbox:
             # acked by `_settle`, after the requester has its answer; the commit is asked for
             # now, so the cursor passes it soon even if nothing waits on this inbox again
             self._routed.append((response.id, request_id))
-            self._mailboxes._commit_soon(self)
+            self._commit_soon()
             if self._waiters:  # requesters waiting on this inbox check their replies
-                self._signal()
+                self.wake()
             return False
         if reply is not None:  # not from the member that was asked: the real answer wins
             self._reject(response)
@@ -763,7 +770,7 @@ class Inbox:
             self._tracker.ack(response.id)
             self._duplicate_responses += 1
             self._commits.ticket()  # committed soon: the next process must not receive it
-            self._mailboxes._commit_soon(self)
+            self._commit_soon()
             return False
         if request_id in self._timed_out:
             if response.sender != self._timed_out.get(request_id):  # not from the member asked
@@ -777,7 +784,7 @@ class Inbox:
         self._tracker.ack(response.id)
         self._rejected += 1
         self._commits.ticket()
-        self._mailboxes._commit_soon(self)
+        self._commit_soon()
 
     def _settle(self) -> None:
         """Ack the responses handed to their requests (`_route`), and remember what they
@@ -789,21 +796,54 @@ class Inbox:
             answered.add(request_id)
         self._commits.ticket()
 
+    # -- request/response matching, for `Mailboxes.request` --
+
+    def expect_reply(self, request_id: str, asked: str) -> PendingReply:
+        """Route the answer to `request_id` from `asked` (the member the request went to) to
+        the returned `PendingReply` instead of to `receive`; answers from anyone else are
+        rejected. Call before the request is sent; `give_up_reply` once done with it."""
+        reply = PendingReply(request_id, asked)
+        self._pending[request_id] = reply
+        return reply
+
+    async def wait_for_reply(self, reply: PendingReply, deadline: float) -> Response | None:
+        """Read this inbox until `reply` has its response, and return it; None once
+        `deadline` (monotonic) has passed. Envelopes read meanwhile wait in order for
+        `receive`, and other requests' answers reach them."""
+        read = False  # after _pump(), which reads to the end, _wait need not look again
+        while reply.response is None:
+            if not await self._wait(deadline, read=read):
+                return reply.response
+            self._pump()
+            read = True
+        return reply.response
+
+    def give_up_reply(self, reply: PendingReply, *, timed_out: bool = False) -> None:
+        """Stop routing the answer to `reply`'s request (nothing to do if it came). With
+        `timed_out` (the request ran out of time, or its member is gone), an answer that
+        still comes from the member asked is received and counted late, and one from anyone
+        else is rejected; without, a later answer is received like any envelope."""
+        self._pending.pop(reply.request_id, None)
+        if timed_out and reply.response is None:
+            self._timed_out.add(reply.request_id, reply.expected)
+
     def _pump(self) -> None:
         """Read everything there is, so that responses reach their requests; envelopes for
         `receive` wait in order in the ready queue."""
         if self._closed:  # (its lease is released: not to be taken again)
             raise MailboxClosed(f"{self.name}'s inbox is closed")
-        lease = self._lease  # _lease_ok(), inlined: once per request's answer
-        if (lease is None or lease.record.expired) and not self._lease_ok():
+        if not self._lease_ok():
             self._retake_lease()
         ready = self._ready
         queued = len(ready)
         self._fill(ready, math.inf)
         if len(ready) > queued:
-            self._signal()  # a receiver waiting on this inbox has something now
+            self.wake()  # a receiver waiting on this inbox has something now
 
-    async def _close(self) -> None:
+    async def close(self) -> None:
+        """Close the inbox to this process: wake its waiters (they raise `MailboxClosed`),
+        stop reading, and release its lease. Acks not committed yet stay uncommitted:
+        `Mailboxes` flushes each inbox before it closes it."""
         self._closed = True
         self._pending.clear()
         if self._timer is not None:  # it would keep the inbox alive until it goes off
@@ -815,4 +855,4 @@ class Inbox:
         if self._lease is not None:
             lease, self._lease = self._lease, None
             await lease.release()
-        self._signal()
+        self.wake()

@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -34,16 +34,14 @@ from pydantic import ValidationError
 from teamrt import telemetry
 from teamrt.codec import encode
 from teamrt.envelopes import (
-    ERROR_TYPE,
     Broadcast,
     Envelope,
     ErrorBody,
     Request,
     Response,
-    _payloads,
-    _trace,
     current_trace,
     payload_model,
+    registered_payload,
     validate_body,
 )
 from teamrt.errors import (
@@ -60,7 +58,7 @@ from teamrt.errors import (
     UsageError,
 )
 from teamrt.mail import claims
-from teamrt.mail.inbox import Inbox, InboxStatistics, _Reply, deadline_after
+from teamrt.mail.inbox import Inbox, InboxStatistics, deadline_after
 from teamrt.mail.log import decode_line
 from teamrt.mail.outage import DEFAULT_STORE_OUTAGE, ride_out
 from teamrt.mail.signing import Signer, fingerprint, team_key
@@ -76,7 +74,6 @@ __all__ = [
 
 log = logging.getLogger("teamrt.mail")
 T = TypeVar("T")
-_payload_for: Final = _payloads.get  # payload_model(), without its call (once per send)
 
 DEFAULT_RESCAN_INTERVAL = 1.0
 #: A request to a member that ran and is not running fails after this many seconds (the
@@ -225,7 +222,7 @@ class Mailboxes:
                             log.warning("%s: acks not committed on close: %s", inbox.name, exc)
                 finally:
                     for inbox in self._inboxes.values():
-                        await inbox._close()
+                        await inbox.close()
                     self._inboxes.clear()
         finally:
             # whatever the flush raised, the background tasks stop and the store closes
@@ -261,8 +258,8 @@ class Mailboxes:
                     f"{name}'s inbox is not open, and a {type(self.store).__name__} opens "
                     f"inboxes over the network: use `await mail.open_inbox({name!r})` first"
                 )
-            inbox = Inbox(self, name)
-            run_local(inbox._open(), f"opening {name}'s inbox")
+            inbox = self._make_inbox(name)
+            run_local(inbox.open(), f"opening {name}'s inbox")
             self._inboxes[name] = inbox
         return inbox
 
@@ -272,13 +269,25 @@ class Mailboxes:
         self._check_open()
         inbox = self._inboxes.get(name)
         if inbox is None:
-            inbox = Inbox(self, name)
-            await inbox._open()
+            inbox = self._make_inbox(name)
+            await inbox.open()
             existing = self._inboxes.get(name)
             if existing is not None:  # another task opened it while this one waited
-                await inbox._close()
+                await inbox.close()
                 return existing
             self._inboxes[name] = inbox
+        return inbox
+
+    def _make_inbox(self, name: str) -> Inbox:
+        """`name`'s inbox over this store, not open yet, committed by the background
+        committer (`_commit_soon`)."""
+        inbox = Inbox(
+            self.store,
+            name,
+            commit_soon=lambda: self._commit_soon(inbox),
+            riding_out=self.riding_out,
+            signer=self._signer,
+        )
         return inbox
 
     # -- sending --
@@ -291,10 +300,10 @@ class Mailboxes:
         if (
             fields["team"] is None
             and self._signer is None
-            and (fields["trace_id"] is not None or _trace.get() is None)  # current_trace()
+            and (fields["trace_id"] is not None or current_trace() is None)
             and not (telemetry.enabled() if traced is None else traced)
             and type(fields["type"]) is str
-            and _payload_for(fields["type"]) is None
+            and registered_payload(fields["type"]) is None
         ):
             encoded = encode(envelope, finite=True)
             if len(encoded) <= self.store.max_envelope:
@@ -361,7 +370,7 @@ class Mailboxes:
         try:
             encoded = self._encode(envelope, traced=traced)
         except EnvelopeTooLarge as refused:  # its body goes as a claim check (claims.py)
-            encoded = await claims.check_in(self, envelope, refused)
+            encoded = await self._check_in(envelope, refused)
         recipient = envelope.recipient
         if recipient == "*" and isinstance(envelope, Broadcast):  # (only a broadcast's is "*")
             await self._broadcast(envelope, encoded)
@@ -370,9 +379,15 @@ class Mailboxes:
             await self.store.append(recipient, encoded)
         except (StoreUnavailable, OutcomeUnknown):
             await self._append(recipient, encoded)  # retried with the same bytes
-        inbox = self._inboxes.get(recipient)  # `_wake`, inlined: a receiver in this process
-        if inbox is not None:
-            inbox._signal()
+        self._wake(recipient)
+
+    async def _check_in(self, envelope: Envelope, refused: EnvelopeTooLarge) -> bytes:
+        """`envelope` as a claim check (claims.py): its body kept as a blob, and the
+        reference that names it encoded (not validated again: the body was)."""
+        reference, put = claims.check_in(self.store, envelope, refused)
+        (encoded,) = self._encode_many((reference,), validate=False)
+        await self._retrying(envelope.recipient, put)
+        return encoded
 
     async def _append(self, recipient: str, encoded: bytes | Sequence[bytes]) -> None:
         """Append, retried as `_retrying` says."""
@@ -453,9 +468,10 @@ class Mailboxes:
             self._wake(recipient)
 
     def _wake(self, name: str) -> None:
+        """Wake whoever waits on `name`'s inbox in this process (it was written to)."""
         inbox = self._inboxes.get(name)
         if inbox is not None:
-            inbox._signal()
+            inbox.wake()
 
     # -- request / response --
 
@@ -498,7 +514,7 @@ class Mailboxes:
             response = await self._watch_for_response(envelope, timeout, require_live)
         else:
             response = await self._request(envelope, timeout, deadline, require_live)
-        if response.type == ERROR_TYPE:  # `is_error`, without its call (a `Response` here)
+        if response.is_error:
             raise remote_error(response)
         return response
 
@@ -560,41 +576,28 @@ class Mailboxes:
         # the fields read once: a model's attribute is read through pydantic's __getattr__ hook
         asked, sender, recipient = envelope.id, envelope.sender, envelope.recipient
         inbox = self._inboxes.get(sender) or await self.open_inbox(sender)
-        reply = _Reply(recipient)
-        inbox._pending[asked] = reply
+        reply = inbox.expect_reply(asked, recipient)
         try:
             await self.send(envelope)
             # after the send, while the member works on it (off the round trip's path)
             check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
             liveness = _Liveness()
-            # no read right after the send: _wait() returns at once if anything has come; but
-            # another task's read (a drain, another request's) may have routed the answer here
-            # already, and set no event for this wait to see
-            read = False  # after _pump(), which reads to the end, _wait need not look again
-            while reply.response is None:
-                # (not min(): a builtin's call costs more than the comparison)
-                until = deadline if deadline < check_at else check_at
-                if not await inbox._wait(until, read=read):
-                    if time.monotonic() >= deadline:
-                        break
-                    try:
-                        await self._check_alive(envelope, liveness)
-                    except TeammateGone:
-                        if reply.response is not None:  # it answered, then stopped
-                            break
-                        # a late answer (from the member asked) is counted as late
-                        inbox._timed_out.add(asked, recipient)
-                        raise
-                    check_at = time.monotonic() + _LIVENESS_EVERY
-                inbox._pump()
-                read = True
-                if reply.response is not None:
+            while await inbox.wait_for_reply(reply, min(deadline, check_at)) is None:
+                if time.monotonic() >= deadline:
                     break
+                try:
+                    await self._check_alive(envelope, liveness)
+                except TeammateGone:
+                    if reply.response is not None:  # it answered, then stopped
+                        break
+                    inbox.give_up_reply(reply, timed_out=True)  # a late answer counts as late
+                    raise
+                check_at = time.monotonic() + _LIVENESS_EVERY
         finally:
-            inbox._pending.pop(asked, None)
+            inbox.give_up_reply(reply)
         response = reply.response
         if response is None:
-            inbox._timed_out.add(asked, recipient)
+            inbox.give_up_reply(reply, timed_out=True)
             raise self._timed_out(envelope, timeout)
         return response
 
@@ -665,12 +668,9 @@ class Mailboxes:
             await self._rescan_some([inboxes[n] for n in names if n in inboxes])
 
     async def _rescan_some(self, inboxes: list[Inbox]) -> None:
+        fetch = self.store.capabilities.network  # what its watcher may have missed
         for inbox in inboxes:
-            if not inbox._waited_on:
+            if not inbox.waited_on:
                 continue  # nobody waits on it: whoever reads next reads what is there
-            if inbox._has_new():
-                inbox._signal()
-            elif self.store.capabilities.network:  # what the watcher may have missed
-                with contextlib.suppress(StoreError):
-                    if await inbox._fetch():
-                        inbox._signal()
+            with contextlib.suppress(StoreError):
+                await inbox.rescan(fetch=fetch)

@@ -116,7 +116,8 @@ class MemoryStore(Store):
     async def add_member(self, name: str) -> None:
         self.inboxes.setdefault(validate_name(name), _MemoryInbox())
 
-    def _inbox(self, name: str) -> _MemoryInbox:
+    def inbox_state(self, name: str) -> _MemoryInbox:
+        """Member `name`'s lines, cursor and quarantine (`UnknownRecipient` if no member)."""
         inbox = self.inboxes.get(name)
         if inbox is None:
             validate_name(name, what="recipient")
@@ -127,7 +128,7 @@ class MemoryStore(Store):
         return inbox
 
     async def append(self, recipient: str, encoded: bytes) -> int:
-        inbox = self._inbox(recipient)
+        inbox = self.inbox_state(recipient)
         seq = inbox.next_seq
         inbox.lines.append((stamp(encoded, seq, self._team_bytes)[:-1], False))
         inbox.next_seq = seq + 1
@@ -150,7 +151,7 @@ class MemoryStore(Store):
     def write_raw(self, name: str, data: bytes) -> None:
         """Append raw bytes to an inbox, bypassing encoding (for corruption tests); they are
         split into records at newlines, a last piece without one waiting for the rest."""
-        inbox = self._inbox(name)
+        inbox = self.inbox_state(name)
         *complete, inbox.partial = (inbox.partial + data).split(b"\n")
         for line in complete:
             if line.strip():
@@ -158,15 +159,15 @@ class MemoryStore(Store):
                 inbox.lines.append((line[: self.max_line] if too_long else line, too_long))
 
     def reader(self, name: str) -> MemoryReader:
-        return MemoryReader(self._inbox(name))
+        return MemoryReader(self.inbox_state(name))
 
     async def tail_reader(self, name: str) -> MemoryReader:
         reader = self.reader(name)
-        reader.next = len(self._inbox(name).lines)
+        reader.next = len(self.inbox_state(name).lines)
         return reader
 
     def quarantined(self, name: str) -> list[Corrupt]:
-        return list(self._inbox(name).quarantined)
+        return list(self.inbox_state(name).quarantined)
 
     async def watch(self, notify: Callable[[str], None], *, task_status: TaskStatus[None]) -> None:
         task_status.started()  # one process: sends wake their receivers directly
@@ -187,7 +188,7 @@ class MemoryStore(Store):
         self.signing, self._made = None, False
 
     async def _lock_member(self, name: str, holder: str) -> tuple[object, int]:
-        self._inbox(name)  # one store object is the whole team: nobody else can hold it
+        self.inbox_state(name)  # one store object is the whole team: nobody else can hold it
         self._ran.add(name)
         return None, 0
 
@@ -215,18 +216,18 @@ class MemoryView(TeamView):
         return self._store.members()
 
     def scan(self, name: str, after: Position | None = None) -> Iterator[Entry]:
-        inbox = self._store._inbox(name)
+        inbox = self._store.inbox_state(name)
         start = 0 if after is None else after[1]
         return (inbox.entry(i) for i in range(start, len(inbox.lines)))
 
     def end(self, name: str) -> Position:
-        return (0, len(self._store._inbox(name).lines))
+        return (0, len(self._store.inbox_state(name).lines))
 
     def committed(self, name: str) -> Cursor:
-        return self._store._inbox(name).cursor
+        return self._store.inbox_state(name).cursor
 
     def quarantined(self, name: str) -> Iterator[dict[str, Any]]:
-        for item in self._store._inbox(name).quarantined:
+        for item in self._store.inbox_state(name).quarantined:
             yield {"at": list(item.at), "end": list(item.end), "reason": item.reason,
                    "raw": item.raw.decode("utf-8", "backslashreplace")}  # fmt: skip
 

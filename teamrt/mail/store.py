@@ -446,12 +446,14 @@ class Store(ABC):
             self._lease_records: dict[str, LeaseRecord] = {}
             return self._lease_records
 
-    def _lease_lost(self, record: LeaseRecord) -> None:
+    def mark_lease_lost(self, record: LeaseRecord) -> None:
         """Mark a lease lost (for stores whose leases expire): its holders are told through
         `Lease.lost`, and the next acquisition tries to take it afresh."""
         record.expire()
 
-    async def _release(self, record: LeaseRecord, holder: str) -> None:
+    async def release_lease(self, record: LeaseRecord, holder: str) -> None:
+        """`holder` lets `record` go (`Lease.release`): the member's lock is given up once no
+        holder in this store object keeps it, or the next remaining holder is described."""
         record.holders.remove(holder)
         if record.holders:
             await self._describe_holder(record, record.holders[-1])
@@ -552,7 +554,7 @@ class Lease:
         leaves a lease that dies with its process or expires, as every lease does."""
         if self._store is not None:
             store, self._store = self._store, None
-            await store._release(self.record, self._holder)
+            await store.release_lease(self.record, self._holder)
 
 
 class Fence:

@@ -708,13 +708,12 @@ class MailboxConformance:
             inbox = await mail.open_inbox("worker")
             fence = store.fence("worker")
             await fence.check()  # held: an effect may go ahead
-            assert inbox._lease is not None
-            assert fence.token == inbox._lease.fence
+            assert inbox.lease is not None
+            assert fence.token == inbox.lease.fence
             record = store.lease_record("worker")
             assert record is not None
             assert record.known_held()
-            await inbox._lease.release()
-            inbox._lease = None
+            await inbox.close()  # its lease released
             with pytest.raises(LeaseLost):
                 store.fence("worker")  # not held: nothing may act for the member
 
@@ -730,15 +729,15 @@ class MailboxConformance:
             inbox = await a.open_inbox("worker")
             await a.send(Envelope.message("lead", "worker", 1))
             got = await inbox.receive(timeout=5)
-            old_fence = inbox._lease.fence if inbox._lease is not None else -1
+            old_fence = inbox.lease.fence if inbox.lease is not None else -1
             harness.expire_lease("worker")
             async with Mailboxes(harness.make_store()) as b:
                 successor = await b.open_inbox("worker")  # the lease lapsed: b takes it over
-                assert successor._lease is not None
-                assert successor._lease.fence > old_fence
+                assert successor.lease is not None
+                assert successor.lease.fence > old_fence
                 with anyio.fail_after(10):  # a's next renewal finds b's token
-                    assert inbox._lease is not None
-                    await inbox._lease.lost.wait()
+                    assert inbox.lease is not None
+                    await inbox.lease.lost.wait()
                 with pytest.raises(LeaseLost):
                     await inbox.ack(got)  # a stale holder cannot move the cursor
                 again = await successor.receive(timeout=5)  # not acked: b gets it

@@ -930,7 +930,7 @@ async def test_a_log_truncated_or_deleted_after_a_short_read_is_reported_not_ski
         assert worker._reading.caught_up
         log_path = mail.store.inbox_paths("worker").log  # type: ignore[attr-defined]
         os.truncate(log_path, 10)
-        worker._signal()
+        worker.wake()
         with pytest.raises(StoreCorrupt, match="truncated"):
             await worker.receive(timeout=5)
     async with file_mail(tmp_path / "again") as mail:
@@ -938,7 +938,7 @@ async def test_a_log_truncated_or_deleted_after_a_short_read_is_reported_not_ski
         await mail.send(Envelope.message("lead", "worker", "x"))
         await worker.receive(timeout=5)
         os.unlink(mail.store.inbox_paths("worker").log)  # type: ignore[attr-defined]
-        worker._signal()
+        worker.wake()
         with pytest.raises(StoreCorrupt, match="deleted"):
             await worker.receive(timeout=5)
         with pytest.raises(StoreCorrupt, match="missing"):

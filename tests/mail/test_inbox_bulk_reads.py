@@ -72,7 +72,7 @@ async def test_a_cancelled_request_leaves_no_timer_and_the_inbox_works_on(
         loop = asyncio.get_running_loop()
         timers = [h for h in getattr(loop, "_scheduled", []) if h._callback is _wake_waiter]
         assert all(h.cancelled() for h in timers)
-        assert not lead._waited_on  # and its waiter is gone
+        assert not lead.waited_on  # and its waiter is gone
         # a receiver that starts waiting now is woken by mail, not by the old deadline, and the
         # answer to the cancelled request is an ordinary envelope (nobody awaits it)
         got: list[EnvelopeFields] = []

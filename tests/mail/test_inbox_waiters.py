@@ -317,7 +317,7 @@ async def test_receivers_drains_and_requests_cancelled_at_random_lose_and_repeat
         assert all(seen[body] == 1 for body in late)
         assert not set(late) & {10_000 + i for i in answered}
         assert answered  # some requests ran to their answer
-        assert not lead._waited_on and lead.statistics().pending_requests == 0
+        assert not lead.waited_on and lead.statistics().pending_requests == 0
 
 
 async def test_a_cancelled_waiter_then_a_signal_wakes_the_others(
@@ -340,7 +340,7 @@ async def test_a_cancelled_waiter_then_a_signal_wakes_the_others(
                 inner.cancel_scope.cancel()  # one cancelled waiter
             tg.start_soon(receiver)
             await anyio.sleep(0.01)
-            lead._signal()  # a wake-up with nothing: the waiter waits on
+            lead.wake()  # a wake-up with nothing: the waiter waits on
             await anyio.sleep(0.01)
             assert got == []
             with anyio.fail_after(5):

@@ -664,7 +664,7 @@ async def test_a_log_replaced_between_two_reads(tmp_path: Path, how: str) -> Non
                 os.pwrite(fd, data + data, 0)
             finally:
                 os.close(fd)
-        worker._signal()
+        worker.wake()
         if how == "renamed over":
             with pytest.raises(StoreCorrupt, match="deleted or replaced"):
                 await worker.receive(timeout=5)

@@ -65,7 +65,7 @@ from teamrt.mail.filestore.framing import (
 )
 from teamrt.mail.filestore.paths import InboxPaths, same_file
 from teamrt.mail.group import GroupCommit
-from teamrt.mail.log import decode_line, stamp_many
+from teamrt.mail.log import decode_line, stamp, stamp_many
 
 if TYPE_CHECKING:
     from teamrt.mail.filestore.store import FileStore
@@ -162,11 +162,17 @@ class Appender:
             raise
         BUDGET.opened(self, 2)
 
+    @property
+    def held_descriptors(self) -> int:
+        """The descriptors this appender holds: its inbox and lock files, and the retired
+        segments whose last fdatasync has not returned."""
+        return 2 + len(self._retired)
+
     def release_descriptors(self) -> bool:
         """Close, if idle (the budget asks): the store opens a new appender for the next send."""
         if self.busy or self.waiters or self.syncs.pending or self._syncing >= 0 or self._retired:
             return False
-        self.store._drop_appender(self)
+        self.store.drop_appender(self)
         self._close()
         return True
 
@@ -294,8 +300,8 @@ class Appender:
             raise translate(exc, self.what) from None
         first = self.next_seq
         team = store.team_bytes
-        if len(encoded) == 1:  # `stamp`, inlined (once per send)
-            line = b'{"seq":%d,"team":"%b",%b\n' % (first, team, encoded[0])
+        if len(encoded) == 1:
+            line = stamp(encoded[0], first, team)
         else:
             line = stamp_many(encoded, first, team)
         try:

@@ -95,6 +95,11 @@ class DescriptorBudget:
             self._soft = _soft_limit()
         return max(1, min(self.limit, self._soft - self.pinned - RESERVE))
 
+    def reset_lock(self) -> None:
+        """A new lock, for a forked child (its copy of the old one may be held by a thread
+        that does not exist there)."""
+        self._lock = threading.Lock()
+
     def pin(self, count: int) -> None:
         """`count` more (or, negative, fewer) descriptors held that no holder can give back."""
         with self._lock:
@@ -143,7 +148,7 @@ BUDGET = DescriptorBudget()
 
 def _new_lock_in_child() -> None:
     """A forked child's copy of the lock may be held by a thread that does not exist there."""
-    BUDGET._lock = threading.Lock()
+    BUDGET.reset_lock()
 
 
 os.register_at_fork(after_in_child=_new_lock_in_child)

@@ -218,7 +218,7 @@ def _copy_blobs(view: TeamView, store: FileStore, digests: set[str]) -> None:
     """Copy the blobs the copied records name, each verified; one missing or corrupt in the
     source stays so in the copy (its record is quarantined there as it would be here)."""
     if digests:
-        store._mkdir(store.path / BLOBS)
+        store.make_directory(store.path / BLOBS)
     for digest in sorted(digests):
         data = view.blob(digest)
         if data is not None and hashlib.sha256(data).hexdigest() == digest:

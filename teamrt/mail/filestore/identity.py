@@ -41,8 +41,8 @@ def _load_statx() -> Callable[..., int] | None:
         statx = ctypes.CDLL(None, use_errno=True).statx  # glibc 2.28+, musl 1.2.5+
     except (OSError, AttributeError):
         return None
-    # no argtypes: ctypes' default conversions (int, bytes, buffer) fit statx's arguments, and
-    # checking them costs half a microsecond a call on this hot path
+    # no argtypes: ctypes' default conversions (int, bytes, buffer) fit statx's arguments, so
+    # there is nothing for ctypes to check on each call (one per cursor commit)
     statx.restype = ctypes.c_int
     return statx
 

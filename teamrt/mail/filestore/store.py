@@ -239,7 +239,8 @@ class FileStore(Store):
         except OSError as exc:
             raise translate(exc, f"check team directory {self.path}") from None
 
-    def _mkdir(self, path: Path) -> None:
+    def make_directory(self, path: Path) -> None:
+        """Make the directory `path` of this team (if missing) with the team's mode."""
         try:
             path.mkdir(mode=self.dir_mode)
         except FileExistsError:
@@ -255,9 +256,9 @@ class FileStore(Store):
                 if not self.create:
                     raise StoreError(f"no team directory at {self.path}", errno=errno.ENOENT)
                 make_dirs(self.path.parent)  # 0700 each, whatever the umask
-                self._mkdir(self.path)
+                self.make_directory(self.path)
             self.check_directories()
-            self._mkdir(self.inboxes)
+            self.make_directory(self.inboxes)
         except OSError as exc:
             if isinstance(exc, StoreError):
                 raise
@@ -409,7 +410,7 @@ class FileStore(Store):
             appender = self._appenders[recipient] = Appender(self, self.inbox_paths(recipient))
         return appender
 
-    def _drop_appender(self, appender: Appender) -> None:
+    def drop_appender(self, appender: Appender) -> None:
         """Forget an appender the descriptor budget closes (the next send opens another)."""
         name = appender.paths.name
         if self._appenders.get(name) is appender:
@@ -647,7 +648,7 @@ class FileStore(Store):
         if name not in self._roster and name not in self.members(refresh=True):
             raise UnknownRecipient(f"no member {name!r} in team {self.team!r}")
         try:
-            self._mkdir(self.agents)
+            self.make_directory(self.agents)
             check_directory(self.agents, shared_group=self.shared_group)
             fd = open_file(
                 self.agents / f"{validate_name(name)}.lease",
@@ -713,7 +714,7 @@ class FileStore(Store):
     # -- blobs: the bodies of claim checks, blobs/<sha256> (see blobs.py) --
 
     async def blob_put(self, digest: str, data: bytes) -> None:
-        self._mkdir(self.path / BLOBS)
+        self.make_directory(self.path / BLOBS)
         durable = self.durability == "fsync"
         await anyio.to_thread.run_sync(
             lambda: write_blob(self.path, digest, data, durable=durable, mode=self.file_mode)
@@ -844,4 +845,4 @@ class FileStore(Store):
 
     def descriptors(self) -> int:
         """Descriptors this store's writers hold (for tests and `teamrt bench`)."""
-        return sum(2 + len(a._retired) for a in self._appenders.values())
+        return sum(a.held_descriptors for a in self._appenders.values())

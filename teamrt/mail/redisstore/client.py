@@ -422,7 +422,7 @@ class RedisClient:
     async def write(self, conn: Any, commands: Sequence[Sequence[Any]]) -> None:
         """Write `commands` on an open connection. The socket takes them at once unless the
         server stopped reading; only then is there a wait, bounded by the socket timeout."""
-        writer = conn._writer
+        writer: Any = getattr(conn, "_writer", None)  # redis-py has no public handle on it
         writer.write(pack(commands))
         if writer.transport.get_write_buffer_size():
             with anyio.fail_after(self.socket_timeout):

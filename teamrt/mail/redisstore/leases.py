@@ -95,7 +95,7 @@ async def describe_holder(store: RedisStore, record: LeaseRecord, holder: str) -
         log.debug("could not describe the holder of %s's lease: %s", record.name, exc)
         return
     if int(done) < 0:
-        store._lease_lost(record)
+        store.mark_lease_lost(record)
 
 
 async def unlock_member(store: RedisStore, record: LeaseRecord) -> None:
@@ -142,7 +142,7 @@ async def _renew(store: RedisStore, records: list[LeaseRecord]) -> list[int]:
         if isinstance(error, StoreCorrupt):
             log.error("teamrt: %s; every lease of this process is lost", error)
             for record in records:
-                store._lease_lost(record, "the team's data was lost on the server")
+                store.mark_lease_lost(record, "the team's data was lost on the server")
         else:
             log.warning("teamrt: leases not renewed: %s", error)
         raise error from None
@@ -150,7 +150,7 @@ async def _renew(store: RedisStore, records: list[LeaseRecord]) -> list[int]:
     until = sent + validity(store)
     for record, result in zip(records, results, strict=True):
         if result == 0:
-            store._lease_lost(record)
+            store.mark_lease_lost(record)
         else:
             record.held_until(until)
     return results

@@ -79,6 +79,12 @@ class RedisReader(InboxReader):
         self._started = False
         self._closed = False
 
+    @property
+    def next_seq(self) -> int:
+        """The seq after the last entry this reader took in or handed out: where its stream
+        is read from next."""
+        return self._end
+
     # -- starting --
 
     async def start(self) -> Cursor:

@@ -197,7 +197,7 @@ class RedisStore(Store):
         if code == "TEAMRT_LEASE":
             holder = detail.partition(" ")[2] if detail != "-" else ""
             if record is not None:
-                self._lease_lost(record)
+                self.mark_lease_lost(record)
             fence = f" (fence {record.fence})" if record is not None else ""
             now = f"{holder} holds it now" if holder else "it expired and was taken since"
             return LeaseLost(
@@ -603,7 +603,9 @@ class RedisStore(Store):
     async def member_alive(self, name: str) -> bool | None:
         return await leases.member_alive(self, name)
 
-    def _lease_lost(self, record: LeaseRecord, why: str = "another holder took it over") -> None:
+    def mark_lease_lost(
+        self, record: LeaseRecord, why: str = "another holder took it over"
+    ) -> None:
         if not record.expired:
             leases.log.warning(
                 "teamrt: %s's lease in team %r (fence %d) is lost: %s; this incarnation's "
@@ -613,4 +615,4 @@ class RedisStore(Store):
                 record.fence,
                 why,
             )
-        super()._lease_lost(record)
+        super().mark_lease_lost(record)

@@ -82,8 +82,8 @@ class Watcher:
     def rewind(self, reader: RedisReader) -> None:
         """Make the next XREAD read `reader`'s stream from no later than the reader's end."""
         position = self._from.get(reader.name)
-        if position is None or position > reader._end:
-            self._from[reader.name] = reader._end
+        if position is None or position > reader.next_seq:
+            self._from[reader.name] = reader.next_seq
             self._changed()
 
     def detach(self, reader: RedisReader) -> None:

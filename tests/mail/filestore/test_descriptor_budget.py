@@ -404,7 +404,7 @@ async def test_a_parked_reader_waiting_is_woken_by_another_process_and_by_the_re
 
         # no notifications at all: only the rescan (has_new on a parked reader) wakes it
         await _park(mail, "a")
-        monkeypatch.setattr(inbox, "_signal", _only_from_rescan(inbox))
+        monkeypatch.setattr(inbox, "wake", _only_from_rescan(inbox))
         got.clear()
         async with anyio.create_task_group() as tg:
             tg.start_soon(receive)
@@ -419,12 +419,12 @@ async def test_a_parked_reader_waiting_is_woken_by_another_process_and_by_the_re
 
 
 def _only_from_rescan(inbox: Any) -> Any:
-    """`inbox._signal` that ignores every caller but the rescan (a lost notification)."""
-    original = inbox._signal
+    """`inbox.wake` that ignores every caller but the rescan (a lost notification)."""
+    original = inbox.wake
 
     def signal() -> None:
         caller = sys._getframe(1).f_code.co_name
-        if caller == "_rescan_some":
+        if caller == "rescan":
             original()
 
     return signal

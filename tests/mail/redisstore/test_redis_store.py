@@ -721,7 +721,7 @@ async def main(url):
             print("acked", flush=True)
         except LeaseLost:
             print("refused", flush=True)
-        await inbox._close()
+        await inbox.close()
 
 try:
     anyio.run(main, sys.argv[1])
