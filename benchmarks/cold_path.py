@@ -37,7 +37,6 @@ import anyio
 
 from teamrt.envelopes import Envelope
 from teamrt.mail import FileMailboxes
-from teamrt.mail.inbox import _Reply
 
 PIECES = [
     "requester: build a request, to the end of its append",
@@ -71,7 +70,7 @@ async def measure(exchanges: int, evict_kib: int) -> list[float]:
                 start = clock()
                 request = Envelope.request("lead", "echo", i)
                 request = request.with_deadline(request.ts + 30)  # as request(timeout=30)
-                lead._pending[request.id] = _Reply("echo")
+                reply = lead.expect_reply(request.id, "echo")
                 drive(mail.send(request))
                 sent = clock()
 
@@ -91,7 +90,7 @@ async def measure(exchanges: int, evict_kib: int) -> list[float]:
                 lead._pump()
                 routed = clock()
                 lead._settle()
-                lead._pending.clear()
+                lead.give_up_reply(reply)
                 if i >= 200:
                     times[0].append(sent - start)
                     times[1].append(got - start_receive)

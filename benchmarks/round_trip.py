@@ -54,7 +54,7 @@ def instrument() -> None:
     read_events = inotify.Inotify.read_events
     write_all = appender.write_all  # type: ignore[attr-defined]
     append = store.FileStore.append
-    signal, wait, fill = Inbox._signal, Inbox._wait, Inbox._fill
+    signal, wait, fill = Inbox.wake, Inbox._wait, Inbox._fill
 
     def read_events_marked(self: inotify.Inotify, on_overflow: Any) -> None:
         mark("wake")
@@ -84,7 +84,7 @@ def instrument() -> None:
     inotify.Inotify.read_events = read_events_marked  # type: ignore[method-assign]
     appender.write_all = write_all_marked  # type: ignore[attr-defined]
     store.FileStore.append = append_marked  # type: ignore[method-assign]
-    Inbox._signal = signal_marked  # type: ignore[method-assign]
+    Inbox.wake = signal_marked  # type: ignore[method-assign]
     Inbox._wait = wait_marked  # type: ignore[method-assign]
     Inbox._fill = fill_marked  # type: ignore[method-assign,assignment]
 
