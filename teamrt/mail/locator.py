@@ -27,15 +27,10 @@ from teamrt.errors import UsageError
 from teamrt.mail.mailboxes import DEFAULT_RESCAN_INTERVAL, Mailboxes
 from teamrt.mail.signing import check_key, key_fingerprint
 from teamrt.mail.store import DEFAULT_MAX_ENVELOPE, Durability, Store, TeamView
-
-Locator = str | os.PathLike[str]
-URL_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-def is_url(locator: Locator) -> bool:
-    """True if `locator` names a network store rather than a team directory."""
-    return isinstance(locator, str) and locator.startswith(URL_SCHEMES)
-
+from teamrt.mail.urls import URL_SCHEMES as URL_SCHEMES
+from teamrt.mail.urls import Locator as Locator
+from teamrt.mail.urls import is_url as is_url
+from teamrt.mail.urls import redacted as redacted
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
@@ -95,25 +90,6 @@ def with_team(url: str, team: str) -> str:
     if any(key == "team" for key, _ in query):
         return url
     return urlunsplit(parts._replace(query=urlencode([*query, ("team", team)])))
-
-
-def redacted(locator: Locator) -> str:
-    """`locator` as teamrt shows it (messages, logs, `repr`): a store URL's password, in its
-    user part (`redis://user:PASSWORD@host`) or its query (`?password=`), replaced by `***`.
-    Every place that prints a locator goes through this one function."""
-    text = str(locator)
-    if not is_url(locator):
-        return text
-    scheme, _, rest = text.partition("://")
-    rest, hash_mark, fragment = rest.partition("#")
-    rest, question, query = rest.partition("?")
-    credentials, at, host = rest.rpartition("@")
-    if at and ":" in credentials:
-        rest = f"{credentials.split(':', 1)[0]}:***@{host}"
-    pairs = parse_qsl(query, keep_blank_values=True)
-    if any(key == "password" for key, _ in pairs):
-        query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs], safe="*")
-    return f"{scheme}://{rest}{question}{query}{hash_mark}{fragment}"
 
 
 describe = redacted  # the name the demos know it by

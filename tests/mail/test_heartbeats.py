@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from teamrt.mail import FileStore
-from teamrt.mail.filestore.store import HEARTBEAT_PREFIX
+from teamrt.mail.filestore.leases import HEARTBEAT_PREFIX
 from teamrt.mail.store import LEASE_STALE_AFTER
 
 MEMBERS = [f"m{i}" for i in range(50)]

@@ -36,10 +36,11 @@ symbolic link.
 """
 
 from teamrt.mail.filestore.appender import TAIL_WINDOW as _TAIL_WINDOW
+from teamrt.mail.filestore.leases import lease_holder
 from teamrt.mail.filestore.mailboxes import FileMailboxes
 from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import CURSOR_SLOT, FileReader, read_cursor
-from teamrt.mail.filestore.store import DEFAULT_SEGMENT_BYTES, FileStore, lease_holder
+from teamrt.mail.filestore.store import DEFAULT_SEGMENT_BYTES, FileStore
 from teamrt.mail.filestore.view import FileView
 
 __all__ = [

@@ -49,6 +49,14 @@ from teamrt.mail.filestore.fileio import (
     touch,
     translate,
 )
+from teamrt.mail.filestore.leases import (
+    HEARTBEAT_PREFIX,
+    describe,
+    lock_exclusive,
+    probe_lease,
+    read_lease,
+    recorded_signing,
+)
 from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import FileReader
 from teamrt.mail.filestore.tasks import TaskRecords
@@ -79,88 +87,7 @@ _CHANGES_LOST = struct.pack("=iI", -1, inotify.IN_Q_OVERFLOW)
 _ACTIVE_LOG = re.compile(rb"\x00([A-Za-z0-9][A-Za-z0-9_-]{0,63})\.jsonl\x00")
 
 
-#: A process that holds leases keeps one heartbeat file in agents/ (`.heartbeat-<pid>-<tag>`)
-#: whose modification time it refreshes every second, whatever the number of leases; each lease
-#: file names it on its second line. Files of processes long gone are removed after a day.
-HEARTBEAT_PREFIX = ".heartbeat-"
 _HEARTBEAT_FILES_KEPT = 24 * 3600.0
-
-
-def _read_lease(fd: int) -> tuple[str, str | None]:
-    """A lease file's holder line and the name of the heartbeat file it names (None in the
-    older format, where the lease file's own modification time is the heartbeat)."""
-    text = os.pread(fd, 512, 0).decode(errors="replace")
-    holder, _, rest = text.partition("\n")
-    beat = rest.strip().removeprefix("heartbeat ")
-    valid = beat.startswith(HEARTBEAT_PREFIX) and "/" not in beat and beat != rest.strip()
-    return holder.strip() or "unknown holder", beat if valid else None
-
-
-def _probe_lease(path: Path) -> tuple[str, float] | None:
-    """The holder's line and its heartbeat (the modification time of the heartbeat file the
-    lease names, or of the lease file in the older format) if a process holds the lease at
-    `path`, else None (the file missing, or its lock free). Takes the lock for an instant only
-    when it is free; never blocks."""
-    try:
-        fd = os.open(path, O_READ)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder, beat = _read_lease(fd)
-            if beat is None:
-                return holder, os.fstat(fd).st_mtime
-            try:
-                return holder, os.stat(path.parent / beat, follow_symlinks=False).st_mtime
-            except FileNotFoundError:
-                return holder, 0.0  # its heartbeat is gone: a holder that stopped beating
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
-def lease_holder(team_dir: Path, name: str) -> str | None:
-    """Who runs member `name` now ("pid N, incarnation ID"), or None if nobody holds its lease."""
-    held = _probe_lease(Path(team_dir) / "agents" / f"{name}.lease")
-    return held[0] if held is not None else None
-
-
-def _lock_exclusive(fd: int) -> None:
-    """An exclusive flock without blocking; a few short retries ride over a liveness probe,
-    which holds a shared lock on the lease file for microseconds."""
-    for _ in range(20):
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            time.sleep(0.001)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-
-
-def _describe(fd: int, holder: str, heartbeat: str | None = None) -> None:
-    """Write who holds a lease into its file (for the error the next claimant sees), and the
-    holder's heartbeat file."""
-    text = f"{holder}\n" + (f"heartbeat {heartbeat}\n" if heartbeat is not None else "")
-    with contextlib.suppress(OSError):  # only a description: a full disk must not stop us
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, text.encode(), 0)
-
-
-def recorded_signing(roster: dict[str, Any]) -> str | None:
-    """team.json's `signed` and `key_fingerprint` as `Store.signing` (None: not recorded)."""
-    signed, recorded = roster.get("signed"), roster.get("key_fingerprint")
-    if signed is None:
-        return None
-    if signed is False:
-        return ""
-    if signed is not True or not isinstance(recorded, str) or not recorded:
-        raise ValueError(
-            "'signed' must be true or false, and a signed team's key_fingerprint a string"
-        )
-    return recorded
 
 
 def _shared_from_env() -> bool:
@@ -489,7 +416,7 @@ class FileStore(Store):
             return
         self.check_directories()  # never delete a directory that is not a team's
         for name in self.members(refresh=True):
-            if _probe_lease(self.agents / f"{name}.lease") is not None:
+            if probe_lease(self.agents / f"{name}.lease") is not None:
                 raise MemberBusy(f"member {name!r} of team {self.team!r} is running")
         shutil.rmtree(self.path)
 
@@ -660,14 +587,14 @@ class FileStore(Store):
         except OSError as exc:
             raise translate(exc, f"take {name}'s lease") from None
         try:
-            _lock_exclusive(fd)
+            lock_exclusive(fd)
         except BlockingIOError:
-            current = _read_lease(fd)[0]
+            current = read_lease(fd)[0]
             os.close(fd)
             raise MemberBusy(
                 f"member {name!r} of team {self.team!r} is already running ({current})"
             ) from None
-        _describe(fd, holder, self._heartbeat())
+        describe(fd, holder, self._heartbeat())
         BUDGET.pin(1)  # held while the member runs: the budget leaves room for it
         return fd, 0
 
@@ -701,7 +628,7 @@ class FileStore(Store):
 
     async def _describe_holder(self, record: LeaseRecord, holder: str) -> None:
         assert isinstance(record.token, int)
-        _describe(record.token, holder, self._heartbeat_name)
+        describe(record.token, holder, self._heartbeat_name)
 
     async def _unlock_member(self, record: LeaseRecord) -> None:
         fd = record.token
@@ -794,7 +721,7 @@ class FileStore(Store):
             return True
         path = self.agents / f"{validate_name(name)}.lease"
         try:
-            held = _probe_lease(path)
+            held = probe_lease(path)
         except OSError:
             return None
         if held is None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from teamrt.errors import UsageError
-from teamrt.mail.locator import redacted
+from teamrt.mail.urls import redacted
 from teamrt.names import validate_name
 
 DEFAULT_PREFIX = "teamrt"
