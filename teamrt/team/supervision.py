@@ -36,8 +36,9 @@ from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.outage import outage_of
 from teamrt.mail.store import Lease
 from teamrt.team.config import MemberStatus, Teammate
+from teamrt.team.context import TeamContext
 from teamrt.team.protocol import SHUTDOWN, SHUTDOWN_ACK, ShutdownBody, is_shutdown
-from teamrt.team.runner import Runner, TeamContext
+from teamrt.team.runner import Runner
 from teamrt.teamdir import AgentDir
 
 log = logging.getLogger("teamrt.team")

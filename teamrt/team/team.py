@@ -41,10 +41,11 @@ from teamrt.mail.mailboxes import Mailboxes
 from teamrt.mail.store import Lease
 from teamrt.team.asking import WITHDRAW_WITHIN, Asks
 from teamrt.team.config import MemberStatus, TeamBudget, Teammate
+from teamrt.team.context import TeamContext
 from teamrt.team.lead import Handler, LeadServer
 from teamrt.team.protocol import Approver, ProgressBody, TaskResult
 from teamrt.team.roster import check_remote, expand
-from teamrt.team.runner import Runner, TeamContext
+from teamrt.team.runner import Runner
 from teamrt.team.supervision import Supervisor
 from teamrt.team.waits import WaitsFor
 from teamrt.teamdir import AgentDir
@@ -439,7 +440,7 @@ async def run_incarnation(runner: Runner, ready: Callable[[], None]) -> Exceptio
             runner.scope = scope
             async with runner.mcp_servers(), anyio.create_task_group() as tasks:
                 tasks.start_soon(runner.desk.listen)
-                tasks.start_soon(runner.flusher)
+                tasks.start_soon(runner.progress.flusher)
                 await runner.serve(ready)
                 tasks.cancel_scope.cancel()
     except Exception as group:  # a crash: reported by the caller, never swallowed
