@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,28 +38,28 @@ def team_tool_names(teammate: Teammate, messaging: list[Tool]) -> list[str]:
     return names
 
 
-@contextlib.asynccontextmanager
-async def mcp_tools(teammate: Teammate, team_names: list[str]) -> AsyncIterator[list[Tool]]:
-    """Connect the teammate's MCP servers (each held by a task of its own) and give their
-    tools; close them on leaving. A server that cannot connect, or a tool name that two tools
+async def mcp_tools(
+    stack: contextlib.AsyncExitStack, teammate: Teammate, team_names: list[str]
+) -> list[Tool]:
+    """Connect the teammate's MCP servers (each held by a task of its own, closed with
+    `stack`) and give their tools. A server that cannot connect, or a tool name that two tools
     would share, raises (a crash of the incarnation at its start)."""
-    async with contextlib.AsyncExitStack() as stack:
-        names = {tool_name(t): "its own tools" for t in teammate.tools}
-        for name in team_names:
-            names.setdefault(name, "the team's tools")
-        found_tools: list[Tool] = []
-        for server in teammate.mcp:
-            connection = await stack.enter_async_context(server.connect())
-            for found in connection.tools:
-                if found.name in names:
-                    raise UsageError(
-                        f"{teammate.name}: tool {found.name!r} of MCP server {server.label!r} "
-                        f"has the name of a tool in {names[found.name]}; give the server "
-                        "a prefix= (or leave it out with deny=)"
-                    )
-                names[found.name] = f"MCP server {server.label!r}"
-                found_tools.append(found)
-        yield found_tools
+    names = {tool_name(t): "its own tools" for t in teammate.tools}
+    for name in team_names:
+        names.setdefault(name, "the team's tools")
+    found_tools: list[Tool] = []
+    for server in teammate.mcp:
+        connection = await stack.enter_async_context(server.connect())
+        for found in connection.tools:
+            if found.name in names:
+                raise UsageError(
+                    f"{teammate.name}: tool {found.name!r} of MCP server {server.label!r} "
+                    f"has the name of a tool in {names[found.name]}; give the server "
+                    "a prefix= (or leave it out with deny=)"
+                )
+            names[found.name] = f"MCP server {server.label!r}"
+            found_tools.append(found)
+    return found_tools
 
 
 def build_agent(

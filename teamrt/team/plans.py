@@ -20,6 +20,8 @@ class PlanGate:
     """Whether the task in progress has an approved plan, the gate on the tools that need one,
     and the `submit_plan` tool that asks the lead."""
 
+    __slots__ = ("approved", "gated", "lead", "mail", "name", "task")
+
     def __init__(
         self, mail: Mailboxes, name: str, lead: str, gated: Iterable[str], task: Callable[[], str]
     ) -> None:

@@ -26,6 +26,16 @@ _PROGRESS_TEXT = 16_000  # characters of text in one progress message
 class Progress:
     """One incarnation's view of its agent's events: `on_event` is the agent's listener."""
 
+    __slots__ = (
+        "_flushed",
+        "_pending_text",
+        "_text_waiting",
+        "mail",
+        "name",
+        "status",
+        "streaming",
+    )
+
     def __init__(self, mail: Mailboxes, name: str, status: MemberStatus) -> None:
         self.mail, self.name, self.status = mail, name, status
         self.streaming: Request | None = None  # the streamed task in progress, if any

@@ -322,9 +322,12 @@ class Runner:
     async def mcp_servers(self) -> AsyncIterator[None]:
         """Connect the teammate's MCP servers and take their tools for the incarnation (see
         `teamrt.team.equip.mcp_tools`)."""
-        messaging = team_tools(self.context, self.name, self.desk)
-        async with mcp_tools(self.teammate, team_tool_names(self.teammate, messaging)) as found:
-            self.mcp_tools = found
+        async with contextlib.AsyncExitStack() as stack:
+            messaging = team_tools(self.context, self.name, self.desk)  # to know their names
+            self.mcp_tools = await mcp_tools(
+                stack, self.teammate, team_tool_names(self.teammate, messaging)
+            )
+            del messaging  # not kept for the incarnation's length: the agent makes its own
             try:
                 yield
             finally:
