@@ -1,7 +1,12 @@
 """Teams: named teammates, each a persistent agent in its own task, on shared mailboxes.
 
-- `team.py`: `Team`, the task group, supervision, the lead's inbox and pools;
-- `runner.py`: one incarnation of one teammate (its agent, the task protocol);
+- `team.py`: `Team`, the task group, a facade over `roster.py` (members as declared),
+  `asking.py` (the lead's asks and pools), `supervision.py` (leases, incarnations, restarts,
+  stops) and `waits.py` (the wait-for graph);
+- `runner.py`: one incarnation of one teammate (its agent, the task protocol), given a
+  `TeamContext` (`context.py`); the protocol's decisions pure in `task_protocol.py`, a
+  streamed task's progress in `progress.py`, plan approval in `plans.py`, its agent and
+  tools built in `equip.py`;
 - `desk.py`: a teammate's inbox sorted into tasks, a shutdown and conversation mail;
 - `protocol.py`: the envelope types and bodies; `config.py`: `Teammate`, `RestartPolicy`,
   `TeamBudget`, `MemberStatus`.

@@ -15,77 +15,52 @@ withdrawal; one running stops at its next step boundary, answered with stop reas
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any
 
 import anyio
 
 from teamrt import telemetry
-from teamrt.agents.delegate import delegate_tool
 from teamrt.agents.journal import Journal
-from teamrt.agents.loop import Agent, AgentEvent, ToolCallFinished, ToolCallStarted
-from teamrt.agents.messaging import messaging_tools
+from teamrt.agents.loop import Agent
 from teamrt.agents.state import AgentState, RunReport
-from teamrt.agents.tools import Tool, tool
+from teamrt.agents.tools import Tool
 from teamrt.envelopes import Envelope, Request, current_trace, new_id, tracing
 from teamrt.errors import (
     BlobTooLarge,
-    StopRequested,
     StoreError,
-    TaskWithdrawn,
-    TeamrtError,
-    UsageError,
 )
-from teamrt.mail.mailboxes import Mailboxes
-from teamrt.models.base import ChatMessage, Model, TextDelta, Usage
-from teamrt.team.config import MemberStatus, TeamBudget, Teammate
+from teamrt.models.base import ChatMessage, Model, Usage
+from teamrt.team.config import MemberStatus, Teammate
+from teamrt.team.context import TeamContext
 from teamrt.team.desk import Desk
+from teamrt.team.equip import build_agent, mcp_tools, team_tool_names, team_tools
+from teamrt.team.plans import PlanGate, plan_approved
+from teamrt.team.progress import Progress
 from teamrt.team.protocol import (
-    PLAN_APPROVAL,
     RESULT,
     SHUTDOWN_ACK,
     STREAMED_TASK,
     TEAMMATE_CRASHED,
     CrashBody,
-    DecisionBody,
     IdleBody,
-    PlanBody,
-    ProgressBody,
     TaskResult,
 )
-from teamrt.teamdir import AgentDir
+from teamrt.team.task_protocol import (
+    ROUND,
+    gives_up,
+    interrupted,
+    is_round,
+    next_move,
+    queued_withdrawal,
+    stop_between_steps,
+)
 
 log = logging.getLogger("teamrt.team")
 
-ROUND = "round:"  # task ids of rounds of mail start with this
-_STATUS_TEXT = 200  # characters of the model's current text kept in the status
-_PROGRESS_EVERY = 0.05  # seconds of text batched into one progress message
-_PROGRESS_RESULT = 2000  # characters of a tool result in a progress message
-_PROGRESS_TEXT = 16_000  # characters of text in one progress message
-PLAN_VERDICT = "plan "  # submit_plan's result starts "plan approved" or "plan rejected"
-
-
-@dataclass(frozen=True, slots=True)
-class TeamContext:
-    """What a runner takes from its team: the team's settings, and the team's own services a
-    teammate's tools and desk use (pool routing, the wait-for graph, shutdown deadlines)."""
-
-    mail: Mailboxes
-    lead: str  # the member idle and crash notices and plans for approval go to
-    agents: AgentDir | None  # where journals and transcripts are kept (None: not kept)
-    prices: dict[str, tuple[float, float]]  # every member's; a teammate's own win
-    budget: TeamBudget | None
-    started: float  # when the team started (wall clock): older shutdowns are not for it
-    shutdown_deadline: float
-    pick: Callable[[str], str]  # a pool's role to its least busy replica
-    waiting: Callable[[str, str], AbstractContextManager[None]]  # see `Team.waiting`
-    enforce_deadline: Callable[[str, Request], None]  # see `Team.enforce_deadline`
+__all__ = ["ROUND", "Runner", "TeamContext"]  # TeamContext and ROUND: their old import path
 
 
 class Runner:
@@ -132,12 +107,15 @@ class Runner:
         self.cancelled: str | None = None  # why the team cancelled it, if it did
         self.current: Request | None = None
         self._round_id: str | None = None  # the round of mail in progress, if any
-        self._streaming: Request | None = None  # the streamed task in progress, if any
         self._recorded: set[tuple[str, str]] = set()  # incidents already in the journal
-        self._pending_text = ""
-        self._flushed = 0.0
-        self._text_waiting = anyio.Event()
-        self._approved = False
+        self.progress = Progress(self.mail, self.name, status)
+        self.plans = PlanGate(
+            self.mail,
+            self.name,
+            context.lead,
+            teammate.needs_approval,
+            lambda: self.current.id if self.current is not None else "",
+        )
         self._last: TaskResult | None = None
         self.mcp_tools: list[Tool] = []  # from the teammate's MCP servers, while connected
 
@@ -151,40 +129,49 @@ class Runner:
     async def serve(self, ready: Callable[[], None] = lambda: None) -> None:
         """Serve until a shutdown for this incarnation; `ready` is called once announced."""
         await self.desk.drain()
-        interrupted = self._interrupted()
-        if interrupted is not None and not interrupted.startswith(ROUND):
-            self._to_front(interrupted)
+        left = interrupted(self.state)
+        if left is not None and not is_round(left):
+            self._to_front(left)
         await self._announce()
         self.desk.bounded = True
         ready()
-        resume_round = interrupted is not None and interrupted.startswith(ROUND)
+        resume_round = is_round(left)
         while self.desk.shutdown is None:
-            if resume_round:  # what was interrupted comes first, before any queued task
-                await self._round(resume=True)
-                resume_round = False
-            elif self.desk.tasks:
-                task = self.desk.tasks.popleft()
-                self.status.queued = len(self.desk.tasks)
-                await self._work(task)
-            elif self.desk.wakes() or self.desk.full:
-                await self._round(resume=False)
-            elif self.status.state != "idle":
-                await self._announce()  # then look again: mail may have come meanwhile
-            else:
-                await self.desk.wait()
+            await self._move(resume_round)
+            resume_round = False  # what was interrupted comes first, before any queued task
         await self.mail.send(
             Envelope.response(
                 self.desk.shutdown, {"incarnation": self.incarnation}, type=SHUTDOWN_ACK
             )
         )
 
+    async def _move(self, resume_round: bool) -> None:
+        """Make the next move of the task protocol (`next_move`)."""
+        desk = self.desk
+        move = next_move(
+            resume_round=resume_round,
+            queued=bool(desk.tasks),
+            mail_wakes=desk.wakes() or desk.full,
+            idle=self.status.state == "idle",
+        )
+        if move == "resume_round":
+            await self._round(resume=True)
+        elif move == "work":
+            task = desk.tasks.popleft()
+            self.status.queued = len(desk.tasks)
+            await self._work(task)
+        elif move == "round":
+            await self._round(resume=False)
+        elif move == "announce":
+            await self._announce()  # then look again: mail may have come meanwhile
+        else:
+            await desk.wait()
+
     def _withdrawn_queued(self, task: Request, who: str) -> str:
         """The desk dropped a withdrawn task from the queue: one an earlier incarnation had
         started is not resumed. Returns the detail its `cancelled` answer gives."""
-        state = self.agent.state if self.agent is not None else self.state
-        detail = f"{who} before it started: never ran"
-        if state is not None and state.task_id == task.id and state.stop is None:
-            detail = f"{who} after {state.steps} steps (cut short by a restart): not resumed"
+        detail, started = queued_withdrawal(task.id, who, self.final_state())
+        if started:
             self._forget(task.id)
         self.record("withdrawn", f"task {task.id}: {detail}")
         return detail
@@ -198,12 +185,6 @@ class Runner:
                 f"withdrawn by {withdrawal.sender} after {steps} model calls: the model call "
                 "or tools in flight were cut short"
             )
-
-    def _interrupted(self) -> str | None:
-        state = self.state
-        if state is None or state.stop is not None or state.task_id is None:
-            return None
-        return state.task_id
 
     def _to_front(self, task_id: str) -> None:
         tasks = self.desk.tasks
@@ -244,8 +225,8 @@ class Runner:
         agent = self._agent()
         agent.output_type = self.teammate.typed  # a task is typed when the teammate is
         text = request.body if isinstance(request.body, str) else json.dumps(request.body)
-        self._streaming = request if request.type == STREAMED_TASK else None
-        agent.on_event = self._on_event if self.teammate.stream or self._streaming else None
+        streaming = self.progress.streaming = request if request.type == STREAMED_TASK else None
+        agent.on_event = self.progress.on_event if self.teammate.stream or streaming else None
         state = agent.state
         if state is not None and state.task_id == request.id and state.stop is not None:
             report = agent.report()  # finished before a crash, unanswered: answer it now
@@ -253,9 +234,9 @@ class Runner:
         else:
             resuming = state is not None and state.task_id == request.id
             # a new task needs its own plan; a resumed one keeps what its conversation says
-            self._approved = resuming and state is not None and _plan_approved(state)
+            self.plans.approved = resuming and state is not None and plan_approved(state)
             report = await agent.run(text, task_id=request.id, resume=True)
-        await self._flush_progress()
+        await self.progress.flush()
         if report.stop.reason == "shutdown":
             return  # interrupted: it stays unacked, and the next incarnation resumes it
         result = _result(report).model_copy(update={"trace_id": current_trace()})
@@ -284,9 +265,9 @@ class Runner:
         agent = self._agent()
         agent.output_type = None  # a round of mail has no one to answer, and no type
         state = agent.state
-        self._streaming = None
-        agent.on_event = self._on_event if self.teammate.stream else None
-        self._approved = False  # mail is not a task: no plan carries into it
+        self.progress.streaming = None
+        agent.on_event = self.progress.on_event if self.teammate.stream else None
+        self.plans.approved = False  # mail is not a task: no plan carries into it
         if resume and state is not None and state.task_id is not None:
             self._round_id = state.task_id
             report = await agent.run("", task_id=state.task_id, resume=True)
@@ -313,85 +294,16 @@ class Runner:
             )
         )
 
-    # -- what the agent does, as it happens (status text, and progress for a streamed task) --
-
-    async def _on_event(self, event: AgentEvent) -> None:
-        if isinstance(event, TextDelta):
-            self.status.text = (self.status.text + event.text)[-_STATUS_TEXT:]
-            if self._streaming is not None:
-                self._pending_text += event.text
-                if anyio.current_time() - self._flushed >= _PROGRESS_EVERY:
-                    await self._flush_progress()
-                else:
-                    self._text_waiting.set()  # the flusher sends it within _PROGRESS_EVERY
-            return
-        if self._streaming is None:
-            return
-        await self._flush_progress()
-        if isinstance(event, ToolCallStarted):
-            body = ProgressBody(
-                task=self._streaming.id,
-                event="tool_call",
-                text=event.call.arguments,
-                name=event.call.name,
-            )
-        elif isinstance(event, ToolCallFinished):
-            body = ProgressBody(
-                task=self._streaming.id,
-                event="tool_result",
-                text=event.content[:_PROGRESS_RESULT],
-                name=event.name,
-                ok=event.ok,
-            )
-        else:
-            return
-        await self._send_progress(body)
-
-    async def _send_progress(self, body: ProgressBody) -> None:
-        """Progress is a view of the work, never a reason for it to fail: one that cannot be
-        sent (too big for an envelope, a full disk) is dropped, and logged."""
-        assert self._streaming is not None
-        try:
-            await self.mail.send(Envelope.message(self.name, self._streaming.sender, body))
-        except TeamrtError as exc:
-            log.warning("%s: progress of task %s not sent: %s", self.name, body.task, exc)
-
-    async def flusher(self) -> None:
-        """Beside the runner: text that waits in the batch goes out within `_PROGRESS_EVERY`,
-        even while the model thinks before writing more."""
-        while True:
-            await self._text_waiting.wait()
-            await anyio.sleep(_PROGRESS_EVERY)
-            self._text_waiting = anyio.Event()
-            await self._flush_progress()
-
-    async def _flush_progress(self) -> None:
-        """Send the text written since the last progress message (batched: one message per
-        `_PROGRESS_EVERY` seconds of writing, not one per token)."""
-        self._flushed = anyio.current_time()
-        if self._streaming is None or not self._pending_text:
-            return
-        text, self._pending_text = self._pending_text, ""
-        for start in range(0, len(text), _PROGRESS_TEXT):  # pieces that fit in an envelope
-            chunk = text[start : start + _PROGRESS_TEXT]
-            await self._send_progress(
-                ProgressBody(task=self._streaming.id, event="text", text=chunk)
-            )
-
     # -- the agent's inputs between steps (teamrt.agents.loop.Inbound) --
 
     async def before_step(self, state: AgentState) -> list[ChatMessage]:
         self.status.step = state.steps
         await self.desk.drain()
-        if self.desk.shutdown is not None:
-            raise StopRequested(f"shutdown requested by {self.desk.shutdown.sender}")
         current = self.current
         withdrawal = self.desk.withdrawal(current.id) if current is not None else None
-        if withdrawal is not None:
-            raise TaskWithdrawn(
-                f"withdrawn by {withdrawal.sender} after {state.steps} steps: stopped at a "
-                "step boundary"
-            )
+        stop = stop_between_steps(self.desk.shutdown, withdrawal, state.steps)
+        if stop is not None:
+            raise stop
         more_unread = self.desk.full
         batch = self.desk.show(self.teammate.mail_batch)
         if not batch:
@@ -408,95 +320,34 @@ class Runner:
 
     @contextlib.asynccontextmanager
     async def mcp_servers(self) -> AsyncIterator[None]:
-        """Connect the teammate's MCP servers (each held by a task of its own) and take their
-        tools; close them when the incarnation ends. A server that cannot connect, or a tool
-        name that two tools would share, is a crash of the incarnation at its start."""
+        """Connect the teammate's MCP servers and take their tools for the incarnation (see
+        `teamrt.team.equip.mcp_tools`)."""
         async with contextlib.AsyncExitStack() as stack:
-            names = {_tool_name(t): "its own tools" for t in self.teammate.tools}
-            for name in self._team_tool_names():
-                names.setdefault(name, "the team's tools")
-            for server in self.teammate.mcp:
-                connection = await stack.enter_async_context(server.connect())
-                for found in connection.tools:
-                    if found.name in names:
-                        raise UsageError(
-                            f"{self.name}: tool {found.name!r} of MCP server {server.label!r} "
-                            f"has the name of a tool in {names[found.name]}; give the server "
-                            "a prefix= (or leave it out with deny=)"
-                        )
-                    names[found.name] = f"MCP server {server.label!r}"
-                    self.mcp_tools.append(found)
+            messaging = team_tools(self.context, self.name, self.desk)  # to know their names
+            self.mcp_tools = await mcp_tools(
+                stack, self.teammate, team_tool_names(self.teammate, messaging)
+            )
+            del messaging  # not kept for the incarnation's length: the agent makes its own
             try:
                 yield
             finally:
                 self.mcp_tools = []
-
-    def _team_tool_names(self) -> list[str]:
-        """The names of the tools the team gives the teammate beside its own: messaging, and
-        `delegate` and `submit_plan` when it has them."""
-        names = [
-            t.name
-            for t in messaging_tools(
-                self.mail,
-                self.name,
-                desk=self.desk,
-                resolve=self.context.pick,
-                waiting=self.context.waiting,
-            )
-        ]
-        if self.teammate.delegate:
-            names.append("delegate")
-        if self.teammate.needs_approval:
-            names.append("submit_plan")
-        return names
 
     # -- building the agent, once per incarnation --
 
     def _agent(self) -> Agent:
         if self.agent is not None:
             return self.agent
-        teammate = self.teammate
-        model = teammate.make_model()
-        own: list[Tool | Callable[..., Any]] = [*teammate.tools, *self.mcp_tools]
-        if teammate.needs_approval:
-            own = self._gated(own)  # for the teammate and for any sub-agent it delegates to
-        tools: list[Tool | Callable[..., Any]] = [
-            *own,
-            *messaging_tools(
-                self.mail,
-                self.name,
-                desk=self.desk,
-                resolve=self.context.pick,
-                waiting=self.context.waiting,
-            ),
-        ]
-        if teammate.delegate:
-            tools.append(
-                delegate_tool(
-                    teammate.make_model,
-                    tools=own,
-                    limits=teammate.limits,
-                    budget=self.context.budget,
-                    prices={**self.context.prices, **(teammate.prices or {})},
-                    owner=self.name,
-                    on_spend=self._absorb,
-                )
-            )
-        if teammate.needs_approval:
-            tools.append(tool(name="submit_plan", sequential=True)(self._submit_plan))
-        self.agent = Agent(
-            self.name,
-            model,
-            instructions=teammate.instructions,
-            tools=tools,
-            limits=teammate.limits,
-            memory=teammate.memory,
-            prices={**self.context.prices, **(teammate.prices or {})},
-            budget=self.context.budget,
-            checkpoint=self.journal_path,
+        self.agent = build_agent(
+            self.context,
+            self.teammate,
+            tools=[*self.teammate.tools, *self.mcp_tools],
+            messaging=team_tools(self.context, self.name, self.desk),
+            plans=self.plans,
+            journal=self.journal_path,
             transcript=self.transcript_path,
             inbound=self,
-            keep_context=teammate.context == "persistent",
+            on_spend=self._absorb,
         )
         self.agent.restore(self.state)
         self.agent.fence = self.mail.store.fence(self.name)  # checked before each tool call
@@ -506,41 +357,6 @@ class Runner:
         """A sub-agent's spend counts against this teammate's own limits too."""
         if self.agent is not None:
             self.agent.absorb(usage, cost)
-
-    def _gated(self, tools: list[Tool | Callable[..., Any]]) -> list[Tool | Callable[..., Any]]:
-        """Block the side-effecting tools until the lead approves a plan for this task."""
-        gated = set(self.teammate.needs_approval)
-
-        def guard(inner: Tool) -> Tool:
-            def refusal() -> str | None:
-                if self._approved:
-                    return None
-                return f"{inner.name} needs an approved plan: call submit_plan first"
-
-            return dataclasses.replace(inner, gate=refusal)
-
-        return [
-            guard(t if isinstance(t, Tool) else tool(t)) if _tool_name(t) in gated else t
-            for t in tools
-        ]
-
-    async def _submit_plan(self, plan: str) -> str:
-        """Send your plan to the lead for approval; side-effecting tools wait for it."""
-        task = self.current.id if self.current is not None else ""
-        decision = await self.mail.request(
-            Envelope.request(
-                self.name,
-                self.context.lead,
-                PlanBody(plan=plan, task=task),
-                type=PLAN_APPROVAL,
-                timeout=300,
-            )
-        )
-        body = DecisionBody.model_validate(decision.body)
-        self._approved = body.approved
-        return f"{PLAN_VERDICT}{'approved' if body.approved else 'rejected'}" + (
-            f": {body.feedback}" if body.feedback else ""
-        )
 
     # -- the end of an incarnation --
 
@@ -576,14 +392,24 @@ class Runner:
             given_up = self.cancelled is not None  # a hung task is not resumed
             if current is None and round_id is not None:  # a round of mail crashed
                 tries = self.attempts[round_id] = self.attempts.get(round_id, 0) + 1
-                if given_up or not restarting or tries >= self.teammate.restart.task_attempts:
+                if gives_up(
+                    cancelled=given_up,
+                    restarting=restarting,
+                    tries=tries,
+                    task_attempts=self.teammate.restart.task_attempts,
+                ):
                     self.desk.recorded()  # the mail it was shown is given up on: acked
                     self._forget(round_id)
                     log.warning("%s gave up on a round of mail after %d tries", self.name, tries)
                     error += f" (round of mail given up after {tries} tries)"
             if current is not None:
                 tries = self.attempts[current.id] = self.attempts.get(current.id, 0) + 1
-                if given_up or not restarting or tries >= self.teammate.restart.task_attempts:
+                if gives_up(
+                    cancelled=given_up,
+                    restarting=restarting,
+                    tries=tries,
+                    task_attempts=self.teammate.restart.task_attempts,
+                ):
                     why = "" if not restarting or given_up else f" (task tried {tries} times)"
                     await self.mail.send(
                         Envelope.error(
@@ -659,23 +485,6 @@ def _render(batch: list[Envelope], waiting: int, more_unread: bool) -> str:
             "steps, or call wait_for_messages)"
         )
     return "\n".join(lines)
-
-
-def _plan_approved(state: AgentState) -> bool:
-    """Whether the current task's conversation holds an approved plan (the last verdict)."""
-    start = state.task_index if state.task_index is not None else len(state.messages)
-    messages = list(state.messages[start:])
-    if state.open_step is not None:
-        messages.extend(state.open_step.results.values())
-    approved = False
-    for message in messages:
-        if message.role == "tool" and message.name == "submit_plan":
-            approved = (message.content or "").startswith(f"{PLAN_VERDICT}approved")
-    return approved
-
-
-def _tool_name(item: Tool | Callable[..., Any]) -> str:
-    return item.name if isinstance(item, Tool) else getattr(item, "__name__", "")
 
 
 def _result(report: RunReport) -> TaskResult:
