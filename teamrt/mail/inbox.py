@@ -22,13 +22,8 @@ Store-agnostic: no file or lock is touched in this module.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import heapq
-import itertools
 import logging
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -36,25 +31,20 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Self, TypeVar
 
-import anyio
 import msgspec
 from anyio import WouldBlock
 
 from teamrt.codec import EnvelopeFields, decode_fields
 from teamrt.envelopes import Envelope, Response
-from teamrt.errors import (
-    LeaseLost,
-    MailboxClosed,
-    OutcomeUnknown,
-    ReceiveTimeout,
-    StoreUnavailable,
-    UsageError,
-)
+from teamrt.errors import MailboxClosed, ReceiveTimeout, UsageError
 from teamrt.mail.claims import CLAIM, redeem
+from teamrt.mail.fence import InboxLease
 from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import AckTracker, Corrupt, Cursor, Entry
 from teamrt.mail.signing import Signer
 from teamrt.mail.store import InboxReader, Lease, Store, run_local
+from teamrt.mail.waiting import Waitable
+from teamrt.mail.waiting import _wake_waiter as _wake_waiter  # its old place
 
 _REMEMBERED_REQUESTS = 4096
 T = TypeVar("T")
@@ -125,11 +115,6 @@ def deadline_after(timeout: float | None) -> float:
     return deadline
 
 
-def _wake_waiter(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
 class PendingReply(msgspec.Struct, gc=False):
     """What a `request()` waits for (`Inbox.expect_reply`): the answer to `request_id` from
     `expected`, the member that was asked; `response` once it came.
@@ -142,7 +127,7 @@ class PendingReply(msgspec.Struct, gc=False):
     response: Response | None = None
 
 
-class Inbox:
+class Inbox(Waitable):
     """One agent's inbox, owned by this process: `receive`, `receive_nowait`, `ack`.
 
     Acks are per envelope and may come in any order; the committed cursor covers the handled
@@ -164,13 +149,14 @@ class Inbox:
         `commit_soon`: asks for this inbox's cursor to be committed in the background soon
         (`flush()` commits it); `riding_out`: makes a repeatable store call with an outage
         waited out; `signer`: the team key's, in a signed team."""
+        super().__init__()
         self.name = name
         self._commit_soon = commit_soon
         self._riding_out = riding_out
         self._store = store
         # one consumer per inbox: this process's lease on the member, shared with a Team of
         # this process that already holds it (then re-taken if that Team lets it go)
-        self._lease: Lease | None = None
+        self._fence = InboxLease(store, name)
         self._reader: InboxReader | None = None
         self._tracker = AckTracker()
         self._team = store.team
@@ -182,23 +168,6 @@ class Inbox:
         self._released: set[str] = set()  # ids handed back by release() and not acked since
         self._to_quarantine: list[Corrupt] = []  # recorded before the next cursor commit
         self._max_line = store.max_line
-        # one future per waiting task (what an asyncio.Event keeps, without anyio's wrapper
-        # around every wait); wake() completes them all
-        self._waiters: list[asyncio.Future[None]] = []
-        # the waiters with a deadline, and one timer for all of them at the earliest: most
-        # waits end in a wake-up well before their deadline, and one timer re-armed only
-        # when an earlier deadline comes is not made and cancelled on every wait
-        self._deadlines: dict[asyncio.Future[None], float] = {}
-        # their deadlines, earliest first, with entries of waiters gone since (dropped when
-        # they come first, or all at once when they are most of it)
-        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._heap_order = itertools.count()  # ties: never compare two futures
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
-        self._timer_loop: asyncio.AbstractEventLoop | None = None
-        # signalled since the last read (by a notification, a send from this process, a rescan,
-        # a release): with a reader that caught up, receive() reads only if this is set
-        self._poked = False
         self._pending: dict[str, PendingReply] = {}  # request id: what its request() awaits
         self._answered = _Recent(_REMEMBERED_REQUESTS)
         # responses handed to their request() and not acked yet, as (response id, request id):
@@ -216,8 +185,7 @@ class Inbox:
         """Take the member's lease (unless this process holds it already) and start reading
         from the committed cursor. `Mailboxes` opens the inboxes it makes."""
         store, name = self._store, self.name
-        if not store.lease_held(name):
-            self._lease = await store.acquire_lease(name, self._holder())
+        await self._fence.take()
         try:
             reader = store.reader(name)
             try:
@@ -226,9 +194,7 @@ class Inbox:
                 reader.close()
                 raise
         except BaseException:
-            if self._lease is not None:
-                await self._lease.release()
-                self._lease = None
+            await self._fence.release()
             raise
         self._reader = reader
         self._tracker = AckTracker(cursor)
@@ -238,12 +204,13 @@ class Inbox:
     def lease(self) -> Lease | None:
         """The member's lease as this inbox took it; None while it shares the one its store
         holds for another holder in this process (a Team), and once closed."""
-        return self._lease
+        return self._fence.lease
+
+    @property
+    def _lease(self) -> Lease | None:
+        return self._fence.lease
 
     # -- receiving --
-
-    def _holder(self) -> str:
-        return f"pid {os.getpid()}, inbox of {self.name}"
 
     @property
     def _reading(self) -> InboxReader:
@@ -252,24 +219,11 @@ class Inbox:
             raise MailboxClosed(f"{self.name}'s inbox is closed")
         return reader
 
-    def _lease_ok(self) -> bool:
-        """True if this inbox may read: it holds the lease, or shares its store's."""
-        lease = self._lease
-        if lease is None:
-            return self._store.lease_held(self.name)
-        if lease.record.expired:
-            raise LeaseLost(
-                f"{self.name}'s lease expired and another holder took it over; this "
-                "process no longer owns the inbox"
-            )
-        return True
-
     async def _check_lease(self) -> None:
         """Re-take the member's lease if the holder this inbox shared it with let it go (a
         Team between two incarnations); reload from the committed cursor if another consumer
         committed meanwhile."""
-        self._lease = await self._store.acquire_lease(self.name, self._holder())
-        log.info("%s's inbox took its lease back from a holder that let it go", self.name)
+        await self._fence.take_back()
         if await self._reading.changed_elsewhere():
             self._restart(await self._reading.start())
 
@@ -288,37 +242,9 @@ class Inbox:
         """The read fence without asking the store: True if what is handed out now is handed
         out while the member's lease is known held, or needs no fence (a lease that cannot be
         lost while this process lives, a closed inbox, or none to check: the lease logic
-        takes one first). False: ask the store (`_confirm`) before handing anything out."""
-        if self._unfenced or self._closed:
-            return True
-        lease = self._lease
-        record = lease.record if lease is not None else self._store.lease_record(self.name)
-        return record is None or record.known_held()
-
-    async def _confirm(self, deadline: float) -> bool:
-        """The read fence's plain path (for when `_fenced` cannot say): ask the store whether
-        the lease is still held, True if it is, `LeaseLost` if not, False if this inbox has no
-        lease to check any more. A store that cannot be reached is waited out with nothing
-        handed out meanwhile (`ReceiveTimeout` at `deadline`). What the caller hands out
-        right after (with no await between) is handed out under the lease just checked."""
-        pause = 0.05
-        while True:
-            lease = self._lease
-            record = lease.record if lease is not None else self._store.lease_record(self.name)
-            if record is None:
-                return False
-            try:
-                await self._store.confirm_lease(record)
-                return True
-            except (StoreUnavailable, OutcomeUnknown) as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ReceiveTimeout(
-                        f"{self.name}'s lease could not be checked with the store in time "
-                        f"({exc}); nothing was handed out"
-                    ) from None
-                await anyio.sleep(min(pause, left))
-                pause = min(pause * 2, 1.0)
+        takes one first). False: ask the store (`InboxLease.confirm`) before handing
+        anything out."""
+        return self._unfenced or self._closed or self._fence.known_held()
 
     def _restart(self, cursor: Cursor) -> None:
         self._poked = True
@@ -333,7 +259,7 @@ class Inbox:
 
     def receive_nowait(self) -> Envelope:
         """The next envelope, or raise `anyio.WouldBlock` if none is there yet."""
-        if not self._lease_ok():  # raises LeaseLost if the lease expired
+        if not self._fence.held():  # raises LeaseLost if the lease expired
             self._retake_lease()
         if not self._fenced():
             raise WouldBlock  # `receive` asks the store whether the lease is still held
@@ -357,9 +283,9 @@ class Inbox:
         """Wait for the next envelope; raise `ReceiveTimeout` after `timeout` seconds."""
         deadline = math.inf if timeout is None else deadline_after(timeout)
         while True:  # `receive_nowait`, with the lease and the fence asked of the store
-            if not self._closed and not self._lease_ok():  # LeaseLost if the lease expired
+            if not self._closed and not self._fence.held():  # LeaseLost if the lease expired
                 await self._check_lease()
-            if not self._fenced() and not await self._confirm(deadline):
+            if not self._fenced() and not await self._fence.confirm(deadline):
                 continue  # no lease to check any more: the lease logic above takes it again
             if self._unread():
                 try:
@@ -414,9 +340,9 @@ class Inbox:
             raise UsageError(f"max must be at least 1, not {max}")
         deadline = deadline_after(timeout)
         while True:
-            if not self._closed and not self._lease_ok():
+            if not self._closed and not self._fence.held():
                 await self._check_lease()
-            if not self._fenced() and not await self._confirm(deadline):
+            if not self._fenced() and not await self._fence.confirm(deadline):
                 continue
             batch = self.drain_nowait(max) if self._unread() else []
             if batch:
@@ -427,7 +353,7 @@ class Inbox:
     def _batch(self, max: int) -> list[EnvelopeFields | Envelope]:
         if max < 1:
             raise UsageError(f"max must be at least 1, not {max}")
-        if not self._lease_ok():  # raises LeaseLost if the lease expired
+        if not self._fence.held():  # raises LeaseLost if the lease expired
             self._retake_lease()
         if not self._fenced():
             return []  # `receive` and `drain` ask the store whether the lease is still held
@@ -562,23 +488,6 @@ class Inbox:
             or not self._reading.caught_up
         )
 
-    def wake(self) -> None:
-        """Wake every task waiting on this inbox (each then looks at what there is): for
-        whoever knows something changed, such as a send from this process or the store's
-        notification."""
-        self._poked = True
-        waiters = self._waiters
-        if waiters:
-            self._waiters = []
-            for waiter in waiters:
-                if not waiter.done():  # a waiter cancelled, or woken by its deadline
-                    waiter.set_result(None)
-
-    @property
-    def waited_on(self) -> bool:
-        """True while some task waits for this inbox to change."""
-        return bool(self._waiters)
-
     async def rescan(self, *, fetch: bool) -> None:
         """The safety net behind lost notifications: wake the tasks waiting on this inbox if
         its store has records they were not told of. `fetch`: also ask the store for records
@@ -604,63 +513,7 @@ class Inbox:
             self._settle()
         if not read and (self._entries or self._reading.has_new()):  # came before this wait
             return True
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
-        self._waiters.append(waiter)
-        if deadline == math.inf:
-            try:
-                await waiter
-            finally:
-                if self._waiters:  # not emptied by wake()
-                    self._forget(waiter)
-            return True
-        if deadline <= time.monotonic():
-            self._forget(waiter)
-            return False
-        # the inbox's one timer wakes this waiter at its deadline (no cancel scope per wait:
-        # most waits end in a wake-up); the waiter tells a wake-up in time from it by the clock
-        deadlines, heap = self._deadlines, self._heap
-        deadlines[waiter] = deadline
-        if len(heap) > 2 * len(deadlines) + 16:  # mostly waiters gone: keep those still here
-            heap[:] = [entry for entry in heap if entry[2] in deadlines]
-            heapq.heapify(heap)
-        heapq.heappush(heap, (deadline, next(self._heap_order), waiter))
-        if deadline < self._timer_at or self._timer_loop is not loop:
-            self._arm(loop, deadline)
-        try:
-            await waiter
-        finally:
-            del deadlines[waiter]
-            if self._waiters:  # not emptied by wake()
-                self._forget(waiter)
-        return time.monotonic() < deadline
-
-    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
-        """Set the inbox's timer to go off at `at` (monotonic)."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at, self._timer_loop = at, loop
-        self._timer = loop.call_later(at - time.monotonic(), self._expire)
-
-    def _expire(self) -> None:
-        """The timer went off: wake the waiters whose deadline passed; set it for the next."""
-        self._timer, self._timer_at = None, math.inf
-        heap, deadlines, now = self._heap, self._deadlines, time.monotonic()
-        while heap:
-            deadline, _, waiter = heap[0]
-            if waiter in deadlines and deadline > now:
-                break
-            heapq.heappop(heap)
-            if waiter in deadlines:  # (one gone has no deadline to keep)
-                _wake_waiter(waiter)
-        if heap and self._timer_loop is not None:
-            self._arm(self._timer_loop, heap[0][0])
-
-    def _forget(self, waiter: asyncio.Future[None]) -> None:
-        """Drop `waiter` if `wake` did not (its deadline passed, or its task was cancelled)."""
-        if self._waiters:
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(waiter)
+        return await self._park(deadline)
 
     def _fill(
         self, out: list[EnvelopeFields] | deque[EnvelopeFields | Envelope], max: float
@@ -832,7 +685,7 @@ class Inbox:
         `receive` wait in order in the ready queue."""
         if self._closed:  # (its lease is released: not to be taken again)
             raise MailboxClosed(f"{self.name}'s inbox is closed")
-        if not self._lease_ok():
+        if not self._fence.held():
             self._retake_lease()
         ready = self._ready
         queued = len(ready)
@@ -846,13 +699,8 @@ class Inbox:
         `Mailboxes` flushes each inbox before it closes it."""
         self._closed = True
         self._pending.clear()
-        if self._timer is not None:  # it would keep the inbox alive until it goes off
-            self._timer.cancel()
-            self._timer, self._timer_at = None, math.inf
-        self._heap.clear()
+        self._stop_timer()
         if self._reader is not None:
             self._reader.close()
-        if self._lease is not None:
-            lease, self._lease = self._lease, None
-            await lease.release()
+        await self._fence.release()
         self.wake()
