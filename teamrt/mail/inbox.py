@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Self, TypeVar
 
-import msgspec
 from anyio import WouldBlock
 
 from teamrt.codec import EnvelopeFields, decode_fields
@@ -41,12 +40,12 @@ from teamrt.mail.claims import CLAIM, redeem
 from teamrt.mail.fence import InboxLease
 from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import AckTracker, Corrupt, Cursor, Entry
+from teamrt.mail.replies import PendingReply, Replies, Unmatched
 from teamrt.mail.signing import Signer
 from teamrt.mail.store import InboxReader, Lease, Store, run_local
 from teamrt.mail.waiting import Waitable
 from teamrt.mail.waiting import _wake_waiter as _wake_waiter  # its old place
 
-_REMEMBERED_REQUESTS = 4096
 T = TypeVar("T")
 #: How an inbox makes a store call that is safe to repeat: `(call, what)` with an outage
 #: waited out (`Mailboxes.riding_out`).
@@ -54,33 +53,6 @@ RideOut = Callable[[Callable[[], Awaitable[T]], str], Awaitable[T]]
 
 
 log = logging.getLogger("teamrt.mail")
-
-
-class _Recent:
-    """Remembers the most recent `size` keys, each with a value (None if not given)."""
-
-    __slots__ = ("_items", "_order", "_size")
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._items: dict[str, str | None] = {}
-        self._order: deque[str] = deque()  # oldest first
-
-    def add(self, key: str, value: str | None = None) -> None:
-        items = self._items
-        if key in items:
-            return
-        items[key] = value
-        order = self._order
-        order.append(key)
-        if len(order) > self._size:
-            del items[order.popleft()]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._items
-
-    def get(self, key: str) -> str | None:
-        return self._items.get(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,18 +85,6 @@ def deadline_after(timeout: float | None) -> float:
     if deadline != deadline:  # NaN
         raise UsageError("timeout must be a number of seconds or None, not NaN")
     return deadline
-
-
-class PendingReply(msgspec.Struct, gc=False):
-    """What a `request()` waits for (`Inbox.expect_reply`): the answer to `request_id` from
-    `expected`, the member that was asked; `response` once it came.
-
-    A msgspec struct, not tracked by the garbage collector: one is made per request, and
-    nothing it holds refers back to it."""
-
-    request_id: str
-    expected: str
-    response: Response | None = None
 
 
 class Inbox(Waitable):
@@ -168,14 +128,11 @@ class Inbox(Waitable):
         self._released: set[str] = set()  # ids handed back by release() and not acked since
         self._to_quarantine: list[Corrupt] = []  # recorded before the next cursor commit
         self._max_line = store.max_line
-        self._pending: dict[str, PendingReply] = {}  # request id: what its request() awaits
-        self._answered = _Recent(_REMEMBERED_REQUESTS)
+        self._replies = Replies()
         # responses handed to their request() and not acked yet, as (response id, request id):
         # acked after the requester has its answer (`_settle`), off the round trip's path
         self._routed: list[tuple[str, str]] = []
-        self._timed_out = _Recent(_REMEMBERED_REQUESTS)  # id: the member asked
-        self._quarantined = self._duplicates = self._duplicate_responses = self._late = 0
-        self._rejected = 0
+        self._quarantined = self._duplicates = 0
         self._closed = False
         self._commits = GroupCommit(self._commit)
         # leases that cannot be lost while this process lives need no fence on reads
@@ -209,6 +166,11 @@ class Inbox(Waitable):
     @property
     def _lease(self) -> Lease | None:
         return self._fence.lease
+
+    @property
+    def _pending(self) -> dict[str, PendingReply]:
+        """The replies awaited by this inbox's requests, by request id."""
+        return self._replies.pending
 
     # -- receiving --
 
@@ -254,7 +216,7 @@ class Inbox(Waitable):
         self._entries.clear()
         self._to_quarantine.clear()
         for _, request_id in self._routed:  # answered; the new cursor decides what is acked
-            self._answered.add(request_id)
+            self._replies.answered.add(request_id)
         self._routed.clear()
 
     def receive_nowait(self) -> Envelope:
@@ -452,12 +414,12 @@ class Inbox(Waitable):
             self.name,
             len(self._ready) + len(self._entries),
             self._tracker.unacked,
-            len(self._pending),
+            len(self._replies.pending),
             self._quarantined,
             self._duplicates,
-            self._duplicate_responses,
-            self._late,
-            self._rejected,
+            self._replies.duplicates,
+            self._replies.late,
+            self._replies.rejected,
         )
 
     # -- internals shared with Mailboxes --
@@ -603,9 +565,10 @@ class Inbox(Waitable):
     def _route(self, response: EnvelopeFields) -> bool:
         """Hand a response to the request awaiting it; True if it is for `receive` instead."""
         request_id: str = response.in_reply_to  # type: ignore[assignment]  # checked on decode
-        reply = self._pending.get(request_id)
+        pending = self._replies.pending
+        reply = pending.get(request_id)
         if reply is not None and response.sender == reply.expected:
-            del self._pending[request_id]
+            del pending[request_id]
             reply.response = response.to_envelope()  # type: ignore[assignment]
             # acked by `_settle`, after the requester has its answer; the commit is asked for
             # now, so the cursor passes it soon even if nothing waits on this inbox again
@@ -615,35 +578,23 @@ class Inbox(Waitable):
                 self.wake()
             return False
         if reply is not None:  # not from the member that was asked: the real answer wins
-            self._reject(response)
-            return False
-        if self._routed:
-            self._settle()  # a second answer to a request just answered is seen as one
-        if request_id in self._answered:
-            self._tracker.ack(response.id)
-            self._duplicate_responses += 1
-            self._commits.ticket()  # committed soon: the next process must not receive it
-            self._commit_soon()
-            return False
-        if request_id in self._timed_out:
-            if response.sender != self._timed_out.get(request_id):  # not from the member asked
-                self._reject(response)
-                return False
-            self._late += 1
-        return True
-
-    def _reject(self, response: EnvelopeFields) -> None:
-        """An answer from a member that was not asked: flagged, dropped, and committed soon."""
+            verdict = self._replies.reject()
+        else:
+            if self._routed:
+                self._settle()  # a second answer to a request just answered is seen as one
+            verdict = self._replies.unmatched(request_id, response.sender)
+        if verdict is Unmatched.RECEIVE:
+            return True
         self._tracker.ack(response.id)
-        self._rejected += 1
-        self._commits.ticket()
+        self._commits.ticket()  # committed soon: the next process must not receive it
         self._commit_soon()
+        return False
 
     def _settle(self) -> None:
         """Ack the responses handed to their requests (`_route`), and remember what they
         answered: at the next wait, the next commit, or a response that is no request's."""
         routed, self._routed = self._routed, []
-        ack, answered = self._tracker.ack, self._answered
+        ack, answered = self._tracker.ack, self._replies.answered
         for response_id, request_id in routed:
             ack(response_id)
             answered.add(request_id)
@@ -655,9 +606,7 @@ class Inbox(Waitable):
         """Route the answer to `request_id` from `asked` (the member the request went to) to
         the returned `PendingReply` instead of to `receive`; answers from anyone else are
         rejected. Call before the request is sent; `give_up_reply` once done with it."""
-        reply = PendingReply(request_id, asked)
-        self._pending[request_id] = reply
-        return reply
+        return self._replies.expect(request_id, asked)
 
     async def wait_for_reply(self, reply: PendingReply, deadline: float) -> Response | None:
         """Read this inbox until `reply` has its response, and return it; None once
@@ -676,9 +625,7 @@ class Inbox(Waitable):
         `timed_out` (the request ran out of time, or its member is gone), an answer that
         still comes from the member asked is received and counted late, and one from anyone
         else is rejected; without, a later answer is received like any envelope."""
-        self._pending.pop(reply.request_id, None)
-        if timed_out and reply.response is None:
-            self._timed_out.add(reply.request_id, reply.expected)
+        self._replies.give_up(reply, timed_out=timed_out)
 
     def _pump(self) -> None:
         """Read everything there is, so that responses reach their requests; envelopes for
@@ -698,7 +645,7 @@ class Inbox(Waitable):
         stop reading, and release its lease. Acks not committed yet stay uncommitted:
         `Mailboxes` flushes each inbox before it closes it."""
         self._closed = True
-        self._pending.clear()
+        self._replies.pending.clear()
         self._stop_timer()
         if self._reader is not None:
             self._reader.close()
