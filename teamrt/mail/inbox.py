@@ -22,13 +22,11 @@ Store-agnostic: no file or lock is touched in this module.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Self, TypeVar
 
 from anyio import WouldBlock
@@ -40,6 +38,7 @@ from teamrt.mail.claims import CLAIM, redeem
 from teamrt.mail.fence import InboxLease
 from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import AckTracker, Corrupt, Cursor, Entry
+from teamrt.mail.quarantine import Quarantine
 from teamrt.mail.replies import PendingReply, Replies, Unmatched
 from teamrt.mail.signing import Signer
 from teamrt.mail.store import InboxReader, Lease, Store, run_local
@@ -50,9 +49,6 @@ T = TypeVar("T")
 #: How an inbox makes a store call that is safe to repeat: `(call, what)` with an outage
 #: waited out (`Mailboxes.riding_out`).
 RideOut = Callable[[Callable[[], Awaitable[T]], str], Awaitable[T]]
-
-
-log = logging.getLogger("teamrt.mail")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +122,13 @@ class Inbox(Waitable):
         self._entries: deque[Entry] = deque()  # read, not yet decoded
         self._one: list[EnvelopeFields] = []  # what _take() decodes into, one at a time
         self._released: set[str] = set()  # ids handed back by release() and not acked since
-        self._to_quarantine: list[Corrupt] = []  # recorded before the next cursor commit
+        self._rejects = Quarantine(name, self._team)  # skipped, recorded before the next commit
         self._max_line = store.max_line
         self._replies = Replies()
         # responses handed to their request() and not acked yet, as (response id, request id):
         # acked after the requester has its answer (`_settle`), off the round trip's path
         self._routed: list[tuple[str, str]] = []
-        self._quarantined = self._duplicates = 0
+        self._duplicates = 0
         self._closed = False
         self._commits = GroupCommit(self._commit)
         # leases that cannot be lost while this process lives need no fence on reads
@@ -214,7 +210,7 @@ class Inbox(Waitable):
         self._ready.clear()
         self._released.clear()
         self._entries.clear()
-        self._to_quarantine.clear()
+        self._rejects.clear()
         for _, request_id in self._routed:  # answered; the new cursor decides what is acked
             self._replies.answered.add(request_id)
         self._routed.clear()
@@ -415,7 +411,7 @@ class Inbox(Waitable):
             len(self._ready) + len(self._entries),
             self._tracker.unacked,
             len(self._replies.pending),
-            self._quarantined,
+            self._rejects.count,
             self._duplicates,
             self._replies.duplicates,
             self._replies.late,
@@ -428,12 +424,7 @@ class Inbox(Waitable):
         if self._routed:
             self._settle()
         reader = self._reading
-        while self._to_quarantine:  # recorded before the cursor that passes them
-            await self._riding_out(
-                partial(reader.quarantine, self._to_quarantine[0]),
-                f"quarantine a record of {self.name}'s inbox",
-            )
-            del self._to_quarantine[0]
+        await self._rejects.record(reader, self._riding_out)  # before the cursor passes them
         # the same cursor again is harmless, and a lost lease (LeaseLost) is final at once
         cursor = self._tracker.cursor()
         await self._riding_out(lambda: reader.commit(cursor), f"commit {self.name}'s cursor")
@@ -520,7 +511,7 @@ class Inbox(Waitable):
                 or (decoded.recipient != name and decoded.recipient != "*")
                 or (signer is not None and not signer.verify(raw, team))
             ):
-                self._quarantine(Corrupt(entry.at, entry.end, self._misfiled(decoded), raw))
+                self._quarantine(Corrupt(entry.at, entry.end, self._rejects.misfiled(decoded), raw))
                 continue
             body = decoded.body
             if body.__class__ is dict and CLAIM in body:  # a claim check (claims.py)
@@ -546,19 +537,10 @@ class Inbox(Waitable):
             return None
         return redeemed  # type: ignore[return-value]
 
-    def _misfiled(self, envelope: EnvelopeFields) -> str:
-        if envelope.team != self._team:
-            return f"wrong team: {envelope.team!r} in the inbox of {self.name} of {self._team!r}"
-        if envelope.recipient != self.name and envelope.recipient != "*":
-            return f"wrong recipient: {envelope.recipient!r} in the inbox of {self.name}"
-        return "bad signature"
-
     def _quarantine(self, item: Corrupt) -> None:
-        log.warning("%s's inbox: the record at %s quarantined: %s", self.name, item.at,
-                    item.reason)  # fmt: skip
-        self._to_quarantine.append(item)
+        """Skip `item` (the cursor passes it) and quarantine it."""
+        self._rejects.add(item)
         self._tracker.skipped(item.end)
-        self._quarantined += 1
         self._commits.ticket()  # recorded, and passed by the cursor, soon
         self._commit_soon()
 
