@@ -39,7 +39,8 @@ from teamrt.mail.fence import InboxLease
 from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import AckTracker, Corrupt, Cursor, Entry
 from teamrt.mail.quarantine import Quarantine
-from teamrt.mail.replies import PendingReply, Replies, Unmatched
+from teamrt.mail.replies import PendingReply as PendingReply  # its old place
+from teamrt.mail.replies import Replies, Unmatched
 from teamrt.mail.signing import Signer
 from teamrt.mail.store import InboxReader, Lease, Store, run_local
 from teamrt.mail.waiting import Waitable
