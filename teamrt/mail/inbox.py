@@ -17,6 +17,10 @@ the synchronous calls hand out nothing. So a holder paused past its lease's time
 buffers filled meanwhile, hands out nothing once it resumes: it finds the lease lost. Leases
 that cannot be lost while their process lives (files, memory) skip the check.
 
+The inbox drives owners of their own: its lease and the read fence (fence.py), the tasks
+waiting on it (waiting.py, which `Inbox` is), the answers its requests wait for (replies.py)
+and the records it skips (quarantine.py).
+
 Store-agnostic: no file or lock is touched in this module.
 """
 
@@ -125,7 +129,7 @@ class Inbox(Waitable):
         self._released: set[str] = set()  # ids handed back by release() and not acked since
         self._rejects = Quarantine(name, self._team)  # skipped, recorded before the next commit
         self._max_line = store.max_line
-        self._replies = Replies()
+        self._replies = Replies()  # the requests awaiting an answer, and those done lately
         # responses handed to their request() and not acked yet, as (response id, request id):
         # acked after the requester has its answer (`_settle`), off the round trip's path
         self._routed: list[tuple[str, str]] = []
@@ -162,6 +166,7 @@ class Inbox(Waitable):
 
     @property
     def _lease(self) -> Lease | None:
+        """`lease`, under the name it had when the inbox kept it itself."""
         return self._fence.lease
 
     @property

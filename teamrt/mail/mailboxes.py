@@ -12,6 +12,9 @@ shared rescan covers lost notifications. A background task renews this process's
 `request` calls awaiting them. `request(consume=False)` watches the
 sender's inbox from its end instead, for tools beside a live owner.
 
+A request's wait for its answer is a `Requester`'s (requesting.py), the background tasks an
+`Upkeep`'s (upkeep.py).
+
 Everything here is store-agnostic: no file or lock is touched in this module, and no concrete
 store is named (`teamrt.mail.open_mailboxes` turns a directory or a store URL into a store).
 """
