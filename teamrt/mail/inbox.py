@@ -17,80 +17,43 @@ the synchronous calls hand out nothing. So a holder paused past its lease's time
 buffers filled meanwhile, hands out nothing once it resumes: it finds the lease lost. Leases
 that cannot be lost while their process lives (files, memory) skip the check.
 
+The inbox drives owners of their own: its lease and the read fence (fence.py), the tasks
+waiting on it (waiting.py, which `Inbox` is), the answers its requests wait for (replies.py)
+and the records it skips (quarantine.py).
+
 Store-agnostic: no file or lock is touched in this module.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import heapq
-import itertools
-import logging
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Self, TypeVar
 
-import anyio
-import msgspec
 from anyio import WouldBlock
 
 from teamrt.codec import EnvelopeFields, decode_fields
 from teamrt.envelopes import Envelope, Response
-from teamrt.errors import (
-    LeaseLost,
-    MailboxClosed,
-    OutcomeUnknown,
-    ReceiveTimeout,
-    StoreUnavailable,
-    UsageError,
-)
+from teamrt.errors import MailboxClosed, ReceiveTimeout, UsageError
 from teamrt.mail.claims import CLAIM, redeem
+from teamrt.mail.fence import InboxLease
 from teamrt.mail.group import GroupCommit
 from teamrt.mail.log import AckTracker, Corrupt, Cursor, Entry
+from teamrt.mail.quarantine import Quarantine
+from teamrt.mail.replies import PendingReply as PendingReply  # its old place
+from teamrt.mail.replies import Replies, Unmatched
 from teamrt.mail.signing import Signer
 from teamrt.mail.store import InboxReader, Lease, Store, run_local
+from teamrt.mail.waiting import Waitable
+from teamrt.mail.waiting import _wake_waiter as _wake_waiter  # its old place
 
-_REMEMBERED_REQUESTS = 4096
 T = TypeVar("T")
 #: How an inbox makes a store call that is safe to repeat: `(call, what)` with an outage
 #: waited out (`Mailboxes.riding_out`).
 RideOut = Callable[[Callable[[], Awaitable[T]], str], Awaitable[T]]
-
-
-log = logging.getLogger("teamrt.mail")
-
-
-class _Recent:
-    """Remembers the most recent `size` keys, each with a value (None if not given)."""
-
-    __slots__ = ("_items", "_order", "_size")
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._items: dict[str, str | None] = {}
-        self._order: deque[str] = deque()  # oldest first
-
-    def add(self, key: str, value: str | None = None) -> None:
-        items = self._items
-        if key in items:
-            return
-        items[key] = value
-        order = self._order
-        order.append(key)
-        if len(order) > self._size:
-            del items[order.popleft()]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._items
-
-    def get(self, key: str) -> str | None:
-        return self._items.get(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,24 +88,7 @@ def deadline_after(timeout: float | None) -> float:
     return deadline
 
 
-def _wake_waiter(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-class PendingReply(msgspec.Struct, gc=False):
-    """What a `request()` waits for (`Inbox.expect_reply`): the answer to `request_id` from
-    `expected`, the member that was asked; `response` once it came.
-
-    A msgspec struct, not tracked by the garbage collector: one is made per request, and
-    nothing it holds refers back to it."""
-
-    request_id: str
-    expected: str
-    response: Response | None = None
-
-
-class Inbox:
+class Inbox(Waitable):
     """One agent's inbox, owned by this process: `receive`, `receive_nowait`, `ack`.
 
     Acks are per envelope and may come in any order; the committed cursor covers the handled
@@ -164,13 +110,14 @@ class Inbox:
         `commit_soon`: asks for this inbox's cursor to be committed in the background soon
         (`flush()` commits it); `riding_out`: makes a repeatable store call with an outage
         waited out; `signer`: the team key's, in a signed team."""
+        super().__init__()
         self.name = name
         self._commit_soon = commit_soon
         self._riding_out = riding_out
         self._store = store
         # one consumer per inbox: this process's lease on the member, shared with a Team of
         # this process that already holds it (then re-taken if that Team lets it go)
-        self._lease: Lease | None = None
+        self._fence = InboxLease(store, name)
         self._reader: InboxReader | None = None
         self._tracker = AckTracker()
         self._team = store.team
@@ -180,33 +127,13 @@ class Inbox:
         self._entries: deque[Entry] = deque()  # read, not yet decoded
         self._one: list[EnvelopeFields] = []  # what _take() decodes into, one at a time
         self._released: set[str] = set()  # ids handed back by release() and not acked since
-        self._to_quarantine: list[Corrupt] = []  # recorded before the next cursor commit
+        self._rejects = Quarantine(name, self._team)  # skipped, recorded before the next commit
         self._max_line = store.max_line
-        # one future per waiting task (what an asyncio.Event keeps, without anyio's wrapper
-        # around every wait); wake() completes them all
-        self._waiters: list[asyncio.Future[None]] = []
-        # the waiters with a deadline, and one timer for all of them at the earliest: most
-        # waits end in a wake-up well before their deadline, and one timer re-armed only
-        # when an earlier deadline comes is not made and cancelled on every wait
-        self._deadlines: dict[asyncio.Future[None], float] = {}
-        # their deadlines, earliest first, with entries of waiters gone since (dropped when
-        # they come first, or all at once when they are most of it)
-        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._heap_order = itertools.count()  # ties: never compare two futures
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
-        self._timer_loop: asyncio.AbstractEventLoop | None = None
-        # signalled since the last read (by a notification, a send from this process, a rescan,
-        # a release): with a reader that caught up, receive() reads only if this is set
-        self._poked = False
-        self._pending: dict[str, PendingReply] = {}  # request id: what its request() awaits
-        self._answered = _Recent(_REMEMBERED_REQUESTS)
+        self._replies = Replies()  # the requests awaiting an answer, and those done lately
         # responses handed to their request() and not acked yet, as (response id, request id):
         # acked after the requester has its answer (`_settle`), off the round trip's path
         self._routed: list[tuple[str, str]] = []
-        self._timed_out = _Recent(_REMEMBERED_REQUESTS)  # id: the member asked
-        self._quarantined = self._duplicates = self._duplicate_responses = self._late = 0
-        self._rejected = 0
+        self._duplicates = 0
         self._closed = False
         self._commits = GroupCommit(self._commit)
         # leases that cannot be lost while this process lives need no fence on reads
@@ -216,8 +143,7 @@ class Inbox:
         """Take the member's lease (unless this process holds it already) and start reading
         from the committed cursor. `Mailboxes` opens the inboxes it makes."""
         store, name = self._store, self.name
-        if not store.lease_held(name):
-            self._lease = await store.acquire_lease(name, self._holder())
+        await self._fence.take()
         try:
             reader = store.reader(name)
             try:
@@ -226,9 +152,7 @@ class Inbox:
                 reader.close()
                 raise
         except BaseException:
-            if self._lease is not None:
-                await self._lease.release()
-                self._lease = None
+            await self._fence.release()
             raise
         self._reader = reader
         self._tracker = AckTracker(cursor)
@@ -238,12 +162,19 @@ class Inbox:
     def lease(self) -> Lease | None:
         """The member's lease as this inbox took it; None while it shares the one its store
         holds for another holder in this process (a Team), and once closed."""
-        return self._lease
+        return self._fence.lease
+
+    @property
+    def _lease(self) -> Lease | None:
+        """`lease`, under the name it had when the inbox kept it itself."""
+        return self._fence.lease
+
+    @property
+    def _pending(self) -> dict[str, PendingReply]:
+        """The replies awaited by this inbox's requests, by request id."""
+        return self._replies.pending
 
     # -- receiving --
-
-    def _holder(self) -> str:
-        return f"pid {os.getpid()}, inbox of {self.name}"
 
     @property
     def _reading(self) -> InboxReader:
@@ -252,24 +183,11 @@ class Inbox:
             raise MailboxClosed(f"{self.name}'s inbox is closed")
         return reader
 
-    def _lease_ok(self) -> bool:
-        """True if this inbox may read: it holds the lease, or shares its store's."""
-        lease = self._lease
-        if lease is None:
-            return self._store.lease_held(self.name)
-        if lease.record.expired:
-            raise LeaseLost(
-                f"{self.name}'s lease expired and another holder took it over; this "
-                "process no longer owns the inbox"
-            )
-        return True
-
     async def _check_lease(self) -> None:
         """Re-take the member's lease if the holder this inbox shared it with let it go (a
         Team between two incarnations); reload from the committed cursor if another consumer
         committed meanwhile."""
-        self._lease = await self._store.acquire_lease(self.name, self._holder())
-        log.info("%s's inbox took its lease back from a holder that let it go", self.name)
+        await self._fence.take_back()
         if await self._reading.changed_elsewhere():
             self._restart(await self._reading.start())
 
@@ -288,37 +206,9 @@ class Inbox:
         """The read fence without asking the store: True if what is handed out now is handed
         out while the member's lease is known held, or needs no fence (a lease that cannot be
         lost while this process lives, a closed inbox, or none to check: the lease logic
-        takes one first). False: ask the store (`_confirm`) before handing anything out."""
-        if self._unfenced or self._closed:
-            return True
-        lease = self._lease
-        record = lease.record if lease is not None else self._store.lease_record(self.name)
-        return record is None or record.known_held()
-
-    async def _confirm(self, deadline: float) -> bool:
-        """The read fence's plain path (for when `_fenced` cannot say): ask the store whether
-        the lease is still held, True if it is, `LeaseLost` if not, False if this inbox has no
-        lease to check any more. A store that cannot be reached is waited out with nothing
-        handed out meanwhile (`ReceiveTimeout` at `deadline`). What the caller hands out
-        right after (with no await between) is handed out under the lease just checked."""
-        pause = 0.05
-        while True:
-            lease = self._lease
-            record = lease.record if lease is not None else self._store.lease_record(self.name)
-            if record is None:
-                return False
-            try:
-                await self._store.confirm_lease(record)
-                return True
-            except (StoreUnavailable, OutcomeUnknown) as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ReceiveTimeout(
-                        f"{self.name}'s lease could not be checked with the store in time "
-                        f"({exc}); nothing was handed out"
-                    ) from None
-                await anyio.sleep(min(pause, left))
-                pause = min(pause * 2, 1.0)
+        takes one first). False: ask the store (`InboxLease.confirm`) before handing
+        anything out."""
+        return self._unfenced or self._closed or self._fence.known_held()
 
     def _restart(self, cursor: Cursor) -> None:
         self._poked = True
@@ -326,14 +216,14 @@ class Inbox:
         self._ready.clear()
         self._released.clear()
         self._entries.clear()
-        self._to_quarantine.clear()
+        self._rejects.clear()
         for _, request_id in self._routed:  # answered; the new cursor decides what is acked
-            self._answered.add(request_id)
+            self._replies.answered.add(request_id)
         self._routed.clear()
 
     def receive_nowait(self) -> Envelope:
         """The next envelope, or raise `anyio.WouldBlock` if none is there yet."""
-        if not self._lease_ok():  # raises LeaseLost if the lease expired
+        if not self._fence.held():  # raises LeaseLost if the lease expired
             self._retake_lease()
         if not self._fenced():
             raise WouldBlock  # `receive` asks the store whether the lease is still held
@@ -357,9 +247,9 @@ class Inbox:
         """Wait for the next envelope; raise `ReceiveTimeout` after `timeout` seconds."""
         deadline = math.inf if timeout is None else deadline_after(timeout)
         while True:  # `receive_nowait`, with the lease and the fence asked of the store
-            if not self._closed and not self._lease_ok():  # LeaseLost if the lease expired
+            if not self._closed and not self._fence.held():  # LeaseLost if the lease expired
                 await self._check_lease()
-            if not self._fenced() and not await self._confirm(deadline):
+            if not self._fenced() and not await self._fence.confirm(deadline):
                 continue  # no lease to check any more: the lease logic above takes it again
             if self._unread():
                 try:
@@ -414,9 +304,9 @@ class Inbox:
             raise UsageError(f"max must be at least 1, not {max}")
         deadline = deadline_after(timeout)
         while True:
-            if not self._closed and not self._lease_ok():
+            if not self._closed and not self._fence.held():
                 await self._check_lease()
-            if not self._fenced() and not await self._confirm(deadline):
+            if not self._fenced() and not await self._fence.confirm(deadline):
                 continue
             batch = self.drain_nowait(max) if self._unread() else []
             if batch:
@@ -427,7 +317,7 @@ class Inbox:
     def _batch(self, max: int) -> list[EnvelopeFields | Envelope]:
         if max < 1:
             raise UsageError(f"max must be at least 1, not {max}")
-        if not self._lease_ok():  # raises LeaseLost if the lease expired
+        if not self._fence.held():  # raises LeaseLost if the lease expired
             self._retake_lease()
         if not self._fenced():
             return []  # `receive` and `drain` ask the store whether the lease is still held
@@ -526,12 +416,12 @@ class Inbox:
             self.name,
             len(self._ready) + len(self._entries),
             self._tracker.unacked,
-            len(self._pending),
-            self._quarantined,
+            len(self._replies.pending),
+            self._rejects.count,
             self._duplicates,
-            self._duplicate_responses,
-            self._late,
-            self._rejected,
+            self._replies.duplicates,
+            self._replies.late,
+            self._replies.rejected,
         )
 
     # -- internals shared with Mailboxes --
@@ -540,12 +430,7 @@ class Inbox:
         if self._routed:
             self._settle()
         reader = self._reading
-        while self._to_quarantine:  # recorded before the cursor that passes them
-            await self._riding_out(
-                partial(reader.quarantine, self._to_quarantine[0]),
-                f"quarantine a record of {self.name}'s inbox",
-            )
-            del self._to_quarantine[0]
+        await self._rejects.record(reader, self._riding_out)  # before the cursor passes them
         # the same cursor again is harmless, and a lost lease (LeaseLost) is final at once
         cursor = self._tracker.cursor()
         await self._riding_out(lambda: reader.commit(cursor), f"commit {self.name}'s cursor")
@@ -561,23 +446,6 @@ class Inbox:
             or self._closed
             or not self._reading.caught_up
         )
-
-    def wake(self) -> None:
-        """Wake every task waiting on this inbox (each then looks at what there is): for
-        whoever knows something changed, such as a send from this process or the store's
-        notification."""
-        self._poked = True
-        waiters = self._waiters
-        if waiters:
-            self._waiters = []
-            for waiter in waiters:
-                if not waiter.done():  # a waiter cancelled, or woken by its deadline
-                    waiter.set_result(None)
-
-    @property
-    def waited_on(self) -> bool:
-        """True while some task waits for this inbox to change."""
-        return bool(self._waiters)
 
     async def rescan(self, *, fetch: bool) -> None:
         """The safety net behind lost notifications: wake the tasks waiting on this inbox if
@@ -604,63 +472,7 @@ class Inbox:
             self._settle()
         if not read and (self._entries or self._reading.has_new()):  # came before this wait
             return True
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
-        self._waiters.append(waiter)
-        if deadline == math.inf:
-            try:
-                await waiter
-            finally:
-                if self._waiters:  # not emptied by wake()
-                    self._forget(waiter)
-            return True
-        if deadline <= time.monotonic():
-            self._forget(waiter)
-            return False
-        # the inbox's one timer wakes this waiter at its deadline (no cancel scope per wait:
-        # most waits end in a wake-up); the waiter tells a wake-up in time from it by the clock
-        deadlines, heap = self._deadlines, self._heap
-        deadlines[waiter] = deadline
-        if len(heap) > 2 * len(deadlines) + 16:  # mostly waiters gone: keep those still here
-            heap[:] = [entry for entry in heap if entry[2] in deadlines]
-            heapq.heapify(heap)
-        heapq.heappush(heap, (deadline, next(self._heap_order), waiter))
-        if deadline < self._timer_at or self._timer_loop is not loop:
-            self._arm(loop, deadline)
-        try:
-            await waiter
-        finally:
-            del deadlines[waiter]
-            if self._waiters:  # not emptied by wake()
-                self._forget(waiter)
-        return time.monotonic() < deadline
-
-    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
-        """Set the inbox's timer to go off at `at` (monotonic)."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at, self._timer_loop = at, loop
-        self._timer = loop.call_later(at - time.monotonic(), self._expire)
-
-    def _expire(self) -> None:
-        """The timer went off: wake the waiters whose deadline passed; set it for the next."""
-        self._timer, self._timer_at = None, math.inf
-        heap, deadlines, now = self._heap, self._deadlines, time.monotonic()
-        while heap:
-            deadline, _, waiter = heap[0]
-            if waiter in deadlines and deadline > now:
-                break
-            heapq.heappop(heap)
-            if waiter in deadlines:  # (one gone has no deadline to keep)
-                _wake_waiter(waiter)
-        if heap and self._timer_loop is not None:
-            self._arm(self._timer_loop, heap[0][0])
-
-    def _forget(self, waiter: asyncio.Future[None]) -> None:
-        """Drop `waiter` if `wake` did not (its deadline passed, or its task was cancelled)."""
-        if self._waiters:
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(waiter)
+        return await self._park(deadline)
 
     def _fill(
         self, out: list[EnvelopeFields] | deque[EnvelopeFields | Envelope], max: float
@@ -705,7 +517,7 @@ class Inbox:
                 or (decoded.recipient != name and decoded.recipient != "*")
                 or (signer is not None and not signer.verify(raw, team))
             ):
-                self._quarantine(Corrupt(entry.at, entry.end, self._misfiled(decoded), raw))
+                self._quarantine(Corrupt(entry.at, entry.end, self._rejects.misfiled(decoded), raw))
                 continue
             body = decoded.body
             if body.__class__ is dict and CLAIM in body:  # a claim check (claims.py)
@@ -731,28 +543,20 @@ class Inbox:
             return None
         return redeemed  # type: ignore[return-value]
 
-    def _misfiled(self, envelope: EnvelopeFields) -> str:
-        if envelope.team != self._team:
-            return f"wrong team: {envelope.team!r} in the inbox of {self.name} of {self._team!r}"
-        if envelope.recipient != self.name and envelope.recipient != "*":
-            return f"wrong recipient: {envelope.recipient!r} in the inbox of {self.name}"
-        return "bad signature"
-
     def _quarantine(self, item: Corrupt) -> None:
-        log.warning("%s's inbox: the record at %s quarantined: %s", self.name, item.at,
-                    item.reason)  # fmt: skip
-        self._to_quarantine.append(item)
+        """Skip `item` (the cursor passes it) and quarantine it."""
+        self._rejects.add(item)
         self._tracker.skipped(item.end)
-        self._quarantined += 1
         self._commits.ticket()  # recorded, and passed by the cursor, soon
         self._commit_soon()
 
     def _route(self, response: EnvelopeFields) -> bool:
         """Hand a response to the request awaiting it; True if it is for `receive` instead."""
         request_id: str = response.in_reply_to  # type: ignore[assignment]  # checked on decode
-        reply = self._pending.get(request_id)
+        pending = self._replies.pending
+        reply = pending.get(request_id)
         if reply is not None and response.sender == reply.expected:
-            del self._pending[request_id]
+            del pending[request_id]
             reply.response = response.to_envelope()  # type: ignore[assignment]
             # acked by `_settle`, after the requester has its answer; the commit is asked for
             # now, so the cursor passes it soon even if nothing waits on this inbox again
@@ -762,35 +566,23 @@ class Inbox:
                 self.wake()
             return False
         if reply is not None:  # not from the member that was asked: the real answer wins
-            self._reject(response)
-            return False
-        if self._routed:
-            self._settle()  # a second answer to a request just answered is seen as one
-        if request_id in self._answered:
-            self._tracker.ack(response.id)
-            self._duplicate_responses += 1
-            self._commits.ticket()  # committed soon: the next process must not receive it
-            self._commit_soon()
-            return False
-        if request_id in self._timed_out:
-            if response.sender != self._timed_out.get(request_id):  # not from the member asked
-                self._reject(response)
-                return False
-            self._late += 1
-        return True
-
-    def _reject(self, response: EnvelopeFields) -> None:
-        """An answer from a member that was not asked: flagged, dropped, and committed soon."""
+            verdict = self._replies.reject()
+        else:
+            if self._routed:
+                self._settle()  # a second answer to a request just answered is seen as one
+            verdict = self._replies.unmatched(request_id, response.sender)
+        if verdict is Unmatched.RECEIVE:
+            return True
         self._tracker.ack(response.id)
-        self._rejected += 1
-        self._commits.ticket()
+        self._commits.ticket()  # committed soon: the next process must not receive it
         self._commit_soon()
+        return False
 
     def _settle(self) -> None:
         """Ack the responses handed to their requests (`_route`), and remember what they
         answered: at the next wait, the next commit, or a response that is no request's."""
         routed, self._routed = self._routed, []
-        ack, answered = self._tracker.ack, self._answered
+        ack, answered = self._tracker.ack, self._replies.answered
         for response_id, request_id in routed:
             ack(response_id)
             answered.add(request_id)
@@ -802,9 +594,7 @@ class Inbox:
         """Route the answer to `request_id` from `asked` (the member the request went to) to
         the returned `PendingReply` instead of to `receive`; answers from anyone else are
         rejected. Call before the request is sent; `give_up_reply` once done with it."""
-        reply = PendingReply(request_id, asked)
-        self._pending[request_id] = reply
-        return reply
+        return self._replies.expect(request_id, asked)
 
     async def wait_for_reply(self, reply: PendingReply, deadline: float) -> Response | None:
         """Read this inbox until `reply` has its response, and return it; None once
@@ -823,16 +613,14 @@ class Inbox:
         `timed_out` (the request ran out of time, or its member is gone), an answer that
         still comes from the member asked is received and counted late, and one from anyone
         else is rejected; without, a later answer is received like any envelope."""
-        self._pending.pop(reply.request_id, None)
-        if timed_out and reply.response is None:
-            self._timed_out.add(reply.request_id, reply.expected)
+        self._replies.give_up(reply, timed_out=timed_out)
 
     def _pump(self) -> None:
         """Read everything there is, so that responses reach their requests; envelopes for
         `receive` wait in order in the ready queue."""
         if self._closed:  # (its lease is released: not to be taken again)
             raise MailboxClosed(f"{self.name}'s inbox is closed")
-        if not self._lease_ok():
+        if not self._fence.held():
             self._retake_lease()
         ready = self._ready
         queued = len(ready)
@@ -845,14 +633,9 @@ class Inbox:
         stop reading, and release its lease. Acks not committed yet stay uncommitted:
         `Mailboxes` flushes each inbox before it closes it."""
         self._closed = True
-        self._pending.clear()
-        if self._timer is not None:  # it would keep the inbox alive until it goes off
-            self._timer.cancel()
-            self._timer, self._timer_at = None, math.inf
-        self._heap.clear()
+        self._replies.pending.clear()
+        self._stop_timer()
         if self._reader is not None:
             self._reader.close()
-        if self._lease is not None:
-            lease, self._lease = self._lease, None
-            await lease.release()
+        await self._fence.release()
         self.wake()

@@ -12,20 +12,22 @@ shared rescan covers lost notifications. A background task renews this process's
 `request` calls awaiting them. `request(consume=False)` watches the
 sender's inbox from its end instead, for tools beside a live owner.
 
+A request's wait for its answer is a `Requester`'s (requesting.py), the background tasks an
+`Upkeep`'s (upkeep.py).
+
 Everything here is store-agnostic: no file or lock is touched in this module, and no concrete
 store is named (`teamrt.mail.open_mailboxes` turns a directory or a store URL into a store).
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Self, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -51,38 +53,37 @@ from teamrt.errors import (
     OutcomeUnknown,
     PartialBroadcast,
     RemoteError,
-    RequestTimeout,
     StoreError,
     StoreUnavailable,
-    TeammateGone,
     UsageError,
 )
 from teamrt.mail import claims
 from teamrt.mail.inbox import Inbox, InboxStatistics, deadline_after
-from teamrt.mail.log import decode_line
 from teamrt.mail.outage import DEFAULT_STORE_OUTAGE, ride_out
+from teamrt.mail.requesting import GONE_AFTER, Liveness, Requester
 from teamrt.mail.signing import Signer, fingerprint, team_key
-from teamrt.mail.store import HEARTBEAT_INTERVAL, Store, run_local
+from teamrt.mail.store import Store, run_local
+from teamrt.mail.upkeep import Upkeep
 
 __all__ = [
     "DEFAULT_COMMIT_DELAY",
     "DEFAULT_RESCAN_INTERVAL",
+    "GONE_AFTER",
     "Inbox",
     "InboxStatistics",
     "Mailboxes",
 ]
 
 log = logging.getLogger("teamrt.mail")
+_Liveness = Liveness  # the name it had here, for callers that import it
 T = TypeVar("T")
 
 DEFAULT_RESCAN_INTERVAL = 1.0
 #: A request to a member that ran and is not running fails after this many seconds (the
 #: member may be between two incarnations, or starting), then is checked every half second.
 LIVENESS_GRACE = 2.0
-_LIVENESS_EVERY = 0.5
 #: How long background cursor commits (ack_nowait, routed responses) wait to batch acks.
 DEFAULT_COMMIT_DELAY = 0.01
-_POLL_INTERVAL = 0.05  # where the platform has no file notifications
 #: The safety rescan checks every waiting inbox of a process that has up to this many open;
 #: beyond it, those the store reports as possibly written, plus `RESCAN_SWEEP` more in turn.
 RESCAN_EACH_UP_TO = 64
@@ -90,30 +91,6 @@ RESCAN_SWEEP = 16
 #: How long `send` kept retrying an append by default, before `store_outage` covered sends too
 #: (kept for callers that import it; `send_retry=None` now means `store_outage`).
 DEFAULT_SEND_RETRY = 10.0
-
-
-#: A member seen without a live holder on checks this far apart is gone (`TeammateGone`).
-GONE_AFTER = 2 * HEARTBEAT_INTERVAL + _LIVENESS_EVERY
-
-
-class _Liveness:
-    """What the liveness checks of one request have seen. One check alone is not enough: right
-    after a server pause or a partition, a member's lease may have expired before it could
-    renew it, and it takes it back at its next heartbeat; a member seen without a live holder
-    for `GONE_AFTER` seconds has had two heartbeats to do so."""
-
-    __slots__ = ("since",)
-
-    def __init__(self) -> None:
-        self.since: float | None = None  # when the checks first saw no live holder
-
-    def gone(self, alive: bool | None, now: float) -> bool:
-        if alive is not False:
-            self.since = None
-            return False
-        if self.since is None:
-            self.since = now
-        return now - self.since >= GONE_AFTER
 
 
 def remote_error(response: Response) -> RemoteError:
@@ -161,14 +138,13 @@ class Mailboxes:
         self._signer = None if secret is None else Signer(secret)
         self._fingerprint = "" if secret is None else fingerprint(secret, store.team)
         self._initial_members = tuple(members)
-        self._rescan_interval = rescan_interval
         self._inboxes: dict[str, Inbox] = {}
         self._task_group: TaskGroup | None = None
         self._open = False
-        self._to_commit: set[Inbox] = set()
-        self._commit_delay = commit_delay
-        self._commit_wanted = anyio.Event()
-        self._commit_asked = False  # _commit_wanted is set (a plain flag: read on every ack)
+        self._upkeep = Upkeep(
+            store, self._inboxes, rescan_interval=rescan_interval, commit_delay=commit_delay
+        )
+        self._requester = Requester(store, self, self._inboxes, self._signer)
 
     @property
     def team(self) -> str:
@@ -193,10 +169,12 @@ class Mailboxes:
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         try:
-            await task_group.start(self._watch)
-            task_group.start_soon(self._rescan)
-            task_group.start_soon(self._committer)
-            task_group.start_soon(self._heartbeat)
+            await self._upkeep.start(
+                task_group,
+                self._wake,
+                rescan_each_up_to=RESCAN_EACH_UP_TO,
+                rescan_sweep=RESCAN_SWEEP,
+            )
         except BaseException:
             task_group.cancel_scope.cancel()
             await task_group.__aexit__(None, None, None)
@@ -280,11 +258,12 @@ class Mailboxes:
 
     def _make_inbox(self, name: str) -> Inbox:
         """`name`'s inbox over this store, not open yet, committed by the background
-        committer (`_commit_soon`)."""
+        committer (`Upkeep.commit_soon`)."""
+        commit_soon = self._upkeep.commit_soon
         inbox = Inbox(
             self.store,
             name,
-            commit_soon=lambda: self._commit_soon(inbox),
+            commit_soon=lambda: commit_soon(inbox),
             riding_out=self.riding_out,
             signer=self._signer,
         )
@@ -510,167 +489,15 @@ class Mailboxes:
             deadline = deadline_after(timeout)
         elif timeout is not None and stamped is None:
             envelope = envelope.with_deadline(envelope.ts + timeout)
+        grace = LIVENESS_GRACE if require_live else math.inf
         if not consume:
-            response = await self._watch_for_response(envelope, timeout, require_live)
+            self._check_open()
+            response = await self._requester.watching(envelope, timeout, grace)
         else:
-            response = await self._request(envelope, timeout, deadline, require_live)
+            response = await self._requester.in_inbox(envelope, timeout, deadline, grace)
         if response.is_error:
             raise remote_error(response)
         return response
 
-    def _timed_out(self, envelope: Request, timeout: float | None) -> RequestTimeout:
-        return RequestTimeout(
-            f"no response from {envelope.recipient} to request {envelope.id} "
-            f"(type {envelope.type!r}) within {timeout:g}s; the request stays in "
-            f"{envelope.recipient}'s inbox and a late response will be delivered to "
-            f"{envelope.sender}'s inbox",
-            envelope,
-        )
-
-    async def _check_alive(self, envelope: Request, liveness: _Liveness) -> None:
-        alive = await self.store.member_alive(envelope.recipient)
-        if liveness.gone(alive, time.monotonic()):
-            raise TeammateGone(
-                f"{envelope.recipient} is not running (nobody holds its lease, or its holder "
-                f"stopped beating); request {envelope.id} (type {envelope.type!r}) stays in "
-                f"its inbox for when it starts again"
-            )
-
-    async def _watch_for_response(
-        self, envelope: Request, timeout: float | None, require_live: bool = True
-    ) -> Response:
-        """Read the sender's inbox from its current end, without a lease, a commit or a
-        quarantine entry, until the answer from the asked member arrives."""
-        self._check_open()
-        reader = await self.store.tail_reader(envelope.sender)
-        check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
-        liveness = _Liveness()
-        try:
-            await self.send(envelope)
-            with anyio.move_on_after(math.inf if timeout is None else timeout):
-                while True:
-                    if time.monotonic() >= check_at:
-                        await self._check_alive(envelope, liveness)
-                        check_at = time.monotonic() + _LIVENESS_EVERY
-                    entries = reader.read_nowait() or await reader.fetch()
-                    for entry in entries:
-                        decoded = decode_line(entry.raw) if not entry.too_long else None
-                        if (
-                            isinstance(decoded, Response)
-                            and decoded.in_reply_to == envelope.id
-                            and decoded.sender == envelope.recipient
-                            and decoded.team == self.store.team
-                            and (self._signer is None or self._signer.verify(entry.raw, self.team))
-                        ):
-                            return claims.redeemed(self.store, decoded)
-                    if not entries:
-                        await anyio.sleep(_POLL_INTERVAL / 5)
-        finally:
-            reader.close()
-        raise self._timed_out(envelope, timeout)
-
-    async def _request(
-        self, envelope: Request, timeout: float | None, deadline: float, require_live: bool
-    ) -> Response:
-        """Send `envelope` and wait for its answer until `deadline` (monotonic)."""
-        # the fields read once: a model's attribute is read through pydantic's __getattr__ hook
-        asked, sender, recipient = envelope.id, envelope.sender, envelope.recipient
-        inbox = self._inboxes.get(sender) or await self.open_inbox(sender)
-        reply = inbox.expect_reply(asked, recipient)
-        try:
-            await self.send(envelope)
-            # after the send, while the member works on it (off the round trip's path)
-            check_at = time.monotonic() + LIVENESS_GRACE if require_live else math.inf
-            liveness = _Liveness()
-            while await inbox.wait_for_reply(reply, min(deadline, check_at)) is None:
-                if time.monotonic() >= deadline:
-                    break
-                try:
-                    await self._check_alive(envelope, liveness)
-                except TeammateGone:
-                    if reply.response is not None:  # it answered, then stopped
-                        break
-                    inbox.give_up_reply(reply, timed_out=True)  # a late answer counts as late
-                    raise
-                check_at = time.monotonic() + _LIVENESS_EVERY
-        finally:
-            inbox.give_up_reply(reply)
-        response = reply.response
-        if response is None:
-            inbox.give_up_reply(reply, timed_out=True)
-            raise self._timed_out(envelope, timeout)
-        return response
-
     def statistics(self) -> dict[str, InboxStatistics]:
         return {name: inbox.statistics() for name, inbox in self._inboxes.items()}
-
-    # -- background: notifications and the safety rescan --
-
-    async def _watch(self, *, task_status: Any) -> None:
-        await self.store.watch(self._wake, task_status=task_status)
-
-    def _commit_soon(self, inbox: Inbox) -> None:
-        self._to_commit.add(inbox)
-        if not self._commit_asked:  # wake the committer once per batch, not per ack
-            self._commit_asked = True
-            self._commit_wanted.set()
-
-    async def _committer(self) -> None:
-        """Commits cursors for ack_nowait() and routed responses, off the caller's path.
-
-        A failed background commit is not lost: the acks stay pending and the next ack() or
-        flush() on that inbox retries the commit and raises if it fails again.
-        """
-        while True:
-            await self._commit_wanted.wait()
-            await anyio.sleep(self._commit_delay)  # let a burst of acks share one commit
-            inboxes, self._to_commit = self._to_commit, set()
-            self._commit_wanted, self._commit_asked = anyio.Event(), False
-            for inbox in inboxes:
-                with contextlib.suppress(StoreError):
-                    await inbox.flush()
-
-    async def _heartbeat(self) -> None:
-        """Renew the leases this process holds, keeping them visibly alive to other processes
-        (a lease found taken over is marked lost by the store)."""
-        while True:
-            with contextlib.suppress(StoreError):
-                await self.store.renew_leases()
-            await anyio.sleep(HEARTBEAT_INTERVAL)
-
-    async def _rescan(self) -> None:
-        """The safety net behind the store's notifications: every interval, each inbox someone
-        waits on and that has something new is signalled, so a lost notification delays a
-        receiver by one interval at most.
-
-        Its cost does not grow with the number of inboxes: up to `RESCAN_EACH_UP_TO` inboxes
-        are each checked every interval; beyond that, only those the store reports as possibly
-        written (`Store.changed_inboxes`, one check for all of them), plus `RESCAN_SWEEP` more
-        in turn; and all of them whenever the store cannot tell."""
-        interval = _POLL_INTERVAL if self.store.needs_polling else self._rescan_interval
-        tracking = False
-        order: list[str] = []  # the inboxes to sweep in turn
-        at = 0
-        while True:
-            await anyio.sleep(interval)
-            inboxes = self._inboxes
-            changed = None
-            if tracking or len(inboxes) > RESCAN_EACH_UP_TO:
-                tracking = True  # once asked, the store tracks changes until it closes
-                changed = self.store.changed_inboxes()
-            if changed is None or len(inboxes) <= RESCAN_EACH_UP_TO:
-                await self._rescan_some(list(inboxes.values()))
-                continue
-            if at >= len(order):
-                order, at = list(inboxes), 0
-            names = changed.union(order[at : at + RESCAN_SWEEP])
-            at += RESCAN_SWEEP
-            await self._rescan_some([inboxes[n] for n in names if n in inboxes])
-
-    async def _rescan_some(self, inboxes: list[Inbox]) -> None:
-        fetch = self.store.capabilities.network  # what its watcher may have missed
-        for inbox in inboxes:
-            if not inbox.waited_on:
-                continue  # nobody waits on it: whoever reads next reads what is there
-            with contextlib.suppress(StoreError):
-                await inbox.rescan(fetch=fetch)
