@@ -1,9 +1,9 @@
 """`FileStore`: the team directory, its roster, member leases, and the watch for other writers.
 
-The roster (`team.json`) is changed under an flock on `team.lock` and replaced by rename; it fixes
-the team's segment size, envelope limit and whether it is signed (with its key's fingerprint), so
-that every process agrees on them. The team directory and its subdirectories are checked before
-anything is read or written in them.
+The roster (`team.json`, see roster.py) is changed under an flock on `team.lock` and replaced by
+rename. The team directory and its subdirectories are checked before anything is read or written
+in them. The cold concerns have owners of their own: the watch (inboxwatch.py), the leases held
+and their heartbeat (memberleases.py), the budget ledger (ledger.py), task records (tasks.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import fcntl
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from anyio.abc import TaskStatus
 from teamrt.errors import (
     MemberBusy,
     StoreError,
-    TeamKeyMismatch,
     UnknownRecipient,
     UsageError,
 )
@@ -36,7 +34,6 @@ from teamrt.mail.filestore.descriptors import InFlight
 from teamrt.mail.filestore.fileio import (
     DIR_MODE,
     FILE_MODE,
-    O_READ,
     SHARED_DIR_MODE,
     SHARED_FILE_MODE,
     check_directory,
@@ -48,12 +45,24 @@ from teamrt.mail.filestore.fileio import (
 from teamrt.mail.filestore.inboxwatch import InboxWatch
 from teamrt.mail.filestore.leases import (
     probe_lease,
-    recorded_signing,
 )
 from teamrt.mail.filestore.ledger import read_ledger, update_ledger
 from teamrt.mail.filestore.memberleases import MemberLeases
 from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import FileReader
+from teamrt.mail.filestore.roster import (  # the two constants' old import path, kept
+    DEFAULT_SEGMENT_BYTES as DEFAULT_SEGMENT_BYTES,
+)
+from teamrt.mail.filestore.roster import (
+    ROSTER_FORMAT as ROSTER_FORMAT,
+)
+from teamrt.mail.filestore.roster import (
+    Roster,
+    check_not_renamed,
+    new_roster,
+    parse_roster,
+    read_roster,
+)
 from teamrt.mail.filestore.tasks import TaskRecords
 from teamrt.mail.log import DEFAULT_MAX_LINE, Cursor
 from teamrt.mail.signing import check_key
@@ -68,9 +77,6 @@ from teamrt.mail.store import (
 )
 from teamrt.names import validate_name
 from teamrt.private_files import make_dirs
-
-ROSTER_FORMAT = 1
-DEFAULT_SEGMENT_BYTES = 64 << 20
 
 
 def _shared_from_env() -> bool:
@@ -195,31 +201,19 @@ class FileStore(Store):
         if name not in self.members(refresh=True):
             self._update_roster([name])
 
-    def _load_roster(self) -> dict[str, object]:
-        try:
-            fd = os.open(self.roster_path, O_READ)
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            raise translate(exc, f"read {self.roster_path}") from None
-        try:
-            with os.fdopen(fd, "rb") as f:
-                self._roster_mtime = os.fstat(f.fileno()).st_mtime_ns
-                data = json.loads(f.read())
-            members = tuple(validate_name(m) for m in data["members"])
-            segment_bytes = int(data.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
-            max_envelope = int(data.get("max_envelope", self.max_envelope))
-            signing = recorded_signing(data)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise StoreError(f"unreadable roster {self.roster_path}: {exc}", errno=0) from None
-        except OSError as exc:
-            raise translate(exc, f"read {self.roster_path}") from None
-        self._roster = members
-        self.segment_bytes = segment_bytes
-        self.max_envelope = max_envelope  # the team's limit, for every sender and the owner
-        self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
-        self.signing = signing
-        return dict(data)
+    def _load_roster(self) -> Roster | None:
+        read = read_roster(self.roster_path)
+        if read is None:
+            return None
+        self._roster_mtime, raw = read
+        roster = parse_roster(self.roster_path, raw, max_envelope=self.max_envelope)
+        self._roster = roster.members
+        self.segment_bytes = roster.segment_bytes
+        # the team's limit, for every sender and the owner
+        self.max_envelope = roster.max_envelope
+        self.max_line = max(DEFAULT_MAX_LINE, roster.max_envelope + 256)
+        self.signing = roster.signing
+        return roster
 
     def _update_roster(self, add: Sequence[str], *, signing: str | None = None) -> None:
         try:
@@ -228,45 +222,6 @@ class FileStore(Store):
             if isinstance(exc, StoreError):
                 raise
             raise translate(exc, f"register members of team {self.team!r}") from None
-
-    def _new_roster(self, signing: str | None) -> dict[str, object]:
-        data: dict[str, object] = {
-            "format": ROSTER_FORMAT,
-            "team": self.team,
-            "created_at": time.time(),
-            "segment_bytes": self.segment_bytes,
-            "max_envelope": self.max_envelope,
-        }
-        if signing is not None:
-            data["signed"] = bool(signing)
-            if signing:
-                data["key_fingerprint"] = signing
-        data["members"] = []
-        return data
-
-    def _check_not_renamed(self, roster: dict[str, Any], signing: str) -> None:
-        """A team directory renamed under its team (`mv t u`): every envelope in it names the
-        team it was created as, so its owners would quarantine all of them as `wrong team`, and
-        a signed team's fingerprint and signatures cover that name, so no key opens it under
-        this one. Say so, rather than that the key is another or nothing at all."""
-        created_as = roster.get("team")
-        if not isinstance(created_as, str) or created_as == self.team:
-            return
-        moved = (
-            f"team directory {self.path} holds team {created_as!r} (team.json), renamed to "
-            f"{self.team!r}: a team directory's name is its team"
-        )
-        back = f"Move it back to {self.path.parent / created_as}"
-        if self.signing and self.signing != signing:
-            raise TeamKeyMismatch(
-                f"{moved}, and a signed team's key fingerprint and signatures cover that name, so "
-                f"no key opens it under this one. {back}"
-            )
-        raise UsageError(
-            f"{moved}, and every envelope in it names {created_as!r}, so its owners would "
-            f"quarantine them all as 'wrong team'. {back}, or copy it under the new name with "
-            f"`teamrt export {self.path.parent / created_as} NEW_DIR`"
-        )
 
     def _update_roster_locked(self, add: Sequence[str], signing: str | None) -> None:
         """Add members under the roster lock (a cold path: a blocking flock is fine), after
@@ -278,12 +233,19 @@ class FileStore(Store):
         )
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            data = self._load_roster()
-            if not data:
-                data = self._new_roster(signing)
-            elif signing is not None:
-                self._check_not_renamed(data, signing)
-                check_key(self.team, self.signing, signing)
+            roster = self._load_roster()
+            if roster is None:
+                data = new_roster(
+                    self.team,
+                    segment_bytes=self.segment_bytes,
+                    max_envelope=self.max_envelope,
+                    signing=signing,
+                )
+            else:
+                data = roster.data
+                if signing is not None:
+                    check_not_renamed(self.path, roster, signing)
+                    check_key(self.team, self.signing, signing)
             members = list(self._roster)
             new = [m for m in dict.fromkeys(add) if m not in members]
             for name in new:  # a missing log of an existing member is damage, not recreated
