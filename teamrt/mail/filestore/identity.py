@@ -145,3 +145,34 @@ def read_marks(fd: int, offset: int) -> tuple[int, int]:
         data = os.pread(fd, offset, 0)
         return zlib.crc32(data[:CHECK]), zlib.crc32(data[max(0, offset - CHECK) :])
     return zlib.crc32(os.pread(fd, CHECK, 0)), zlib.crc32(os.pread(fd, CHECK, offset - CHECK))
+
+
+def reopened_differs(
+    fd: int,
+    size: int,
+    offset: int,
+    *,
+    left: tuple[int, int],
+    now: tuple[int, int],
+    marks: tuple[int, int],
+) -> str | None:
+    """How the file `fd` (`size` bytes), reopened by name, is not the one a reader left at
+    `offset`, or None where it is: its inode number may have gone to a new file. `left` and
+    `now` are the (birth time, inode generation) it had and has (0: not known, see `identify`);
+    `marks` are the `read_marks` taken when it was left."""
+    born, igen = now
+    if (
+        (born and left[0] and born != left[0]) or (igen and left[1] and igen != left[1])
+    ) and not on_overlayfs(fd):  # there, a copy-up: the size and the bytes decide
+        return (
+            "was deleted and created again while it was read (the new file got the old "
+            "one's inode number, but it was created later)"
+        )
+    if size < offset:
+        return f"shrank to {size} bytes below the read position {offset} (truncated)"
+    if read_marks(fd, offset) != marks:
+        return (
+            f"changed before the read position {offset} while it was read (rewritten, or "
+            "deleted and created again)"
+        )
+    return None

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
-import time
 import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,18 +35,22 @@ from typing import TYPE_CHECKING
 import anyio
 
 from teamrt.errors import StoreCorrupt
-from teamrt.mail.filestore.appender import TAIL_WINDOW
 from teamrt.mail.filestore.descriptors import BUDGET, open_file
 from teamrt.mail.filestore.fileio import (
     O_READ,
-    O_WRITE,
     replace_file,
     translate,
-    write_all,
 )
 from teamrt.mail.filestore.framing import LineSplitter, decode_slots, encode_slot
-from teamrt.mail.filestore.identity import CHECK, identify, on_overlayfs, read_marks
+from teamrt.mail.filestore.identity import (
+    CHECK,
+    identify,
+    on_overlayfs,
+    read_marks,
+    reopened_differs,
+)
 from teamrt.mail.filestore.paths import FIRST_READ, READ_CHUNK, InboxPaths
+from teamrt.mail.filestore.quarantine import Quarantine
 from teamrt.mail.log import Corrupt, Cursor, Entry
 from teamrt.mail.store import InboxReader
 
@@ -155,10 +157,7 @@ class FileReader(InboxReader):
         self._sealed = False  # its segment was opened by its rotated name: nothing is added
         self._parked = False
         self.decoder = LineSplitter(max_line=store.max_line)
-        try:
-            self._quarantined_upto = self._last_quarantined()
-        except OSError as exc:
-            raise translate(exc, f"read {paths.quarantine}") from None
+        self.quarantined = Quarantine(paths.quarantine, paths.name, mode=store.file_mode)
         self._cursor_gen = 0
         self._slot_size = CURSOR_SLOT
         self._cursor_fd = -1
@@ -307,39 +306,23 @@ class FileReader(InboxReader):
         if found < 0:
             raise self._corrupt(self.paths.log, "was deleted or replaced while it was read")
         try:
-            self._check_reopened(found, size, (born, generation), offset)
+            differs = reopened_differs(
+                found,
+                size,
+                offset,
+                left=(self.born, self.generation),
+                now=(born, generation),
+                marks=self._parked_marks,
+            )
         except BaseException:
             os.close(found)
             raise
+        if differs is not None:
+            os.close(found)
+            raise self._corrupt(self.paths.log, differs)
         self.fd, self._parked = found, False
         self.born, self.generation = born, generation  # another file if it was copied up
         BUDGET.opened(self, 2)
-
-    def _check_reopened(self, fd: int, size: int, birth: tuple[int, int], offset: int) -> None:
-        """Refuse the file reopened by name unless it is the one this reader parked on (its
-        inode number may have gone to a new file: see identity.py). `birth`: its birth time
-        and inode generation."""
-        born, generation = birth
-        if (
-            (born and self.born and born != self.born)  # 0: not known (see identify)
-            or (generation and self.generation and generation != self.generation)
-        ) and not on_overlayfs(fd):  # there, a copy-up: the size and the bytes decide
-            raise self._corrupt(
-                self.paths.log,
-                "was deleted and created again while it was read (the new file got the old "
-                "one's inode number, but it was created later)",
-            )
-        if size < offset:
-            raise self._corrupt(
-                self.paths.log,
-                f"shrank to {size} bytes below the read position {offset} (truncated)",
-            )
-        if read_marks(fd, offset) != self._parked_marks:
-            raise self._corrupt(
-                self.paths.log,
-                f"changed before the read position {offset} while it was read (rewritten, or "
-                "deleted and created again)",
-            )
 
     def _active(self) -> bool:
         """True if our file is the active log (a rotation that stopped before its rename leaves
@@ -556,45 +539,7 @@ class FileReader(InboxReader):
         self._slot_size = size
 
     async def quarantine(self, item: Corrupt) -> None:
-        segment, offset = item.at
-        if item.at <= self._quarantined_upto:
-            return
-        entry = {
-            "segment": segment,
-            "offset": offset,
-            "end": item.end[1],
-            "reason": item.reason,
-            "ts": time.time(),
-            "raw": item.raw.decode("utf-8", "backslashreplace"),
-        }
-        line = json.dumps(entry, separators=(",", ":")).encode() + b"\n"
-        try:
-            fd = os.open(self.paths.quarantine, O_WRITE | os.O_CREAT, self.store.file_mode)
-            try:
-                write_all(fd, line, os.fstat(fd).st_size, "quarantine a line")
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise translate(exc, f"quarantine a line of {self.paths.name}'s inbox") from None
-        self._quarantined_upto = item.at
-
-    def _last_quarantined(self) -> tuple[int, int]:
-        try:
-            fd = os.open(self.paths.quarantine, O_READ)
-        except FileNotFoundError:
-            return (-1, -1)
-        try:
-            size = os.fstat(fd).st_size
-            tail = os.pread(fd, min(size, TAIL_WINDOW), max(0, size - TAIL_WINDOW))
-        finally:
-            os.close(fd)
-        for line in reversed(tail.split(b"\n")):
-            try:
-                entry = json.loads(line)
-                return (int(entry["segment"]), int(entry["offset"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-        return (-1, -1)
+        self.quarantined.add(item)
 
     def _reopen_cursor(self) -> None:
         """The cursor file's descriptor again, after parking (a file gone: it is made anew)."""

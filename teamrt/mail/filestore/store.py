@@ -1,22 +1,18 @@
 """`FileStore`: the team directory, its roster, member leases, and the watch for other writers.
 
-The roster (`team.json`) is changed under an flock on `team.lock` and replaced by rename; it fixes
-the team's segment size, envelope limit and whether it is signed (with its key's fingerprint), so
-that every process agrees on them. The team directory and its subdirectories are checked before
-anything is read or written in them.
+The roster (`team.json`, see roster.py) is changed under an flock on `team.lock` and replaced by
+rename. The team directory and its subdirectories are checked before anything is read or written
+in them. The cold concerns have owners of their own: the watch (inboxwatch.py), the leases held
+and their heartbeat (memberleases.py), the budget ledger (ledger.py), task records (tasks.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
 import os
-import re
 import shutil
-import struct
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,20 +23,17 @@ from anyio.abc import TaskStatus
 
 from teamrt.errors import (
     MemberBusy,
-    StoreCorrupt,
     StoreError,
-    TeamKeyMismatch,
     UnknownRecipient,
     UsageError,
 )
 from teamrt.mail import inotify
 from teamrt.mail.filestore.appender import Appender
 from teamrt.mail.filestore.blobs import BLOBS, read_blob, write_blob
-from teamrt.mail.filestore.descriptors import BUDGET, InFlight, open_file
+from teamrt.mail.filestore.descriptors import InFlight
 from teamrt.mail.filestore.fileio import (
     DIR_MODE,
     FILE_MODE,
-    O_READ,
     SHARED_DIR_MODE,
     SHARED_FILE_MODE,
     check_directory,
@@ -49,24 +42,33 @@ from teamrt.mail.filestore.fileio import (
     touch,
     translate,
 )
+from teamrt.mail.filestore.inboxwatch import InboxWatch
 from teamrt.mail.filestore.leases import (
-    HEARTBEAT_PREFIX,
-    describe,
-    lock_exclusive,
     probe_lease,
-    read_lease,
-    recorded_signing,
 )
+from teamrt.mail.filestore.ledger import read_ledger, update_ledger
+from teamrt.mail.filestore.memberleases import MemberLeases
 from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import FileReader
+from teamrt.mail.filestore.roster import (  # the two constants' old import path, kept
+    DEFAULT_SEGMENT_BYTES as DEFAULT_SEGMENT_BYTES,
+)
+from teamrt.mail.filestore.roster import (
+    ROSTER_FORMAT as ROSTER_FORMAT,
+)
+from teamrt.mail.filestore.roster import (
+    Roster,
+    check_not_renamed,
+    new_roster,
+    parse_roster,
+    read_roster,
+)
 from teamrt.mail.filestore.tasks import TaskRecords
-from teamrt.mail.filestore.watch import dispatch_forever
 from teamrt.mail.log import DEFAULT_MAX_LINE, Cursor
 from teamrt.mail.signing import check_key
 from teamrt.mail.store import (
     DEFAULT_MAX_BLOB,
     DEFAULT_MAX_ENVELOPE,
-    LEASE_STALE_AFTER,
     Capabilities,
     Durability,
     LeaseRecord,
@@ -75,19 +77,6 @@ from teamrt.mail.store import (
 )
 from teamrt.names import validate_name
 from teamrt.private_files import make_dirs
-
-ROSTER_FORMAT = 1
-DEFAULT_SEGMENT_BYTES = 64 << 20
-#: Lease heartbeats renewed between two turns of the event loop.
-_RENEW_BATCH = 256
-
-# changed_inboxes(): the event inotify queues when it drops events (wd -1, IN_Q_OVERFLOW), and
-# the name of an active log in an event (`<agent>.jsonl`, NUL-terminated, after a header)
-_CHANGES_LOST = struct.pack("=iI", -1, inotify.IN_Q_OVERFLOW)
-_ACTIVE_LOG = re.compile(rb"\x00([A-Za-z0-9][A-Za-z0-9_-]{0,63})\.jsonl\x00")
-
-
-_HEARTBEAT_FILES_KEPT = 24 * 3600.0
 
 
 def _shared_from_env() -> bool:
@@ -139,14 +128,14 @@ class FileStore(Store):
         self._appenders: dict[str, Appender] = {}
         self._sealed_by_dropped: dict[str, int] = {}  # torn tails sealed by dropped appenders
         self.in_flight = InFlight()  # sends and commits holding descriptors in a thread
-        self._heartbeat_fd = -1  # this store object's heartbeat file (see HEARTBEAT_PREFIX)
-        self._heartbeat_name: str | None = None
-        self._watched: dict[str, int] = {}
-        self._inotify: inotify.Inotify | None = None
-        self._notify: Callable[[str], None] | None = None
-        self._changes: inotify.Inotify | None = None  # see changed_inboxes()
-        self._changes_broken = False
-        self._changes_gone = b""
+        self.watcher = InboxWatch(self, self.inboxes)
+        self.leases = MemberLeases(
+            self.agents,
+            team=self.team,
+            file_mode=self.file_mode,
+            shared_group=self.shared_group,
+            make_directory=self.make_directory,
+        )
 
     def inbox_paths(self, name: str) -> InboxPaths:
         return InboxPaths(self.inboxes, validate_name(name))
@@ -212,31 +201,19 @@ class FileStore(Store):
         if name not in self.members(refresh=True):
             self._update_roster([name])
 
-    def _load_roster(self) -> dict[str, object]:
-        try:
-            fd = os.open(self.roster_path, O_READ)
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            raise translate(exc, f"read {self.roster_path}") from None
-        try:
-            with os.fdopen(fd, "rb") as f:
-                self._roster_mtime = os.fstat(f.fileno()).st_mtime_ns
-                data = json.loads(f.read())
-            members = tuple(validate_name(m) for m in data["members"])
-            segment_bytes = int(data.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
-            max_envelope = int(data.get("max_envelope", self.max_envelope))
-            signing = recorded_signing(data)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise StoreError(f"unreadable roster {self.roster_path}: {exc}", errno=0) from None
-        except OSError as exc:
-            raise translate(exc, f"read {self.roster_path}") from None
-        self._roster = members
-        self.segment_bytes = segment_bytes
-        self.max_envelope = max_envelope  # the team's limit, for every sender and the owner
-        self.max_line = max(DEFAULT_MAX_LINE, max_envelope + 256)
-        self.signing = signing
-        return dict(data)
+    def _load_roster(self) -> Roster | None:
+        read = read_roster(self.roster_path)
+        if read is None:
+            return None
+        self._roster_mtime, raw = read
+        roster = parse_roster(self.roster_path, raw, max_envelope=self.max_envelope)
+        self._roster = roster.members
+        self.segment_bytes = roster.segment_bytes
+        # the team's limit, for every sender and the owner
+        self.max_envelope = roster.max_envelope
+        self.max_line = max(DEFAULT_MAX_LINE, roster.max_envelope + 256)
+        self.signing = roster.signing
+        return roster
 
     def _update_roster(self, add: Sequence[str], *, signing: str | None = None) -> None:
         try:
@@ -245,45 +222,6 @@ class FileStore(Store):
             if isinstance(exc, StoreError):
                 raise
             raise translate(exc, f"register members of team {self.team!r}") from None
-
-    def _new_roster(self, signing: str | None) -> dict[str, object]:
-        data: dict[str, object] = {
-            "format": ROSTER_FORMAT,
-            "team": self.team,
-            "created_at": time.time(),
-            "segment_bytes": self.segment_bytes,
-            "max_envelope": self.max_envelope,
-        }
-        if signing is not None:
-            data["signed"] = bool(signing)
-            if signing:
-                data["key_fingerprint"] = signing
-        data["members"] = []
-        return data
-
-    def _check_not_renamed(self, roster: dict[str, Any], signing: str) -> None:
-        """A team directory renamed under its team (`mv t u`): every envelope in it names the
-        team it was created as, so its owners would quarantine all of them as `wrong team`, and
-        a signed team's fingerprint and signatures cover that name, so no key opens it under
-        this one. Say so, rather than that the key is another or nothing at all."""
-        created_as = roster.get("team")
-        if not isinstance(created_as, str) or created_as == self.team:
-            return
-        moved = (
-            f"team directory {self.path} holds team {created_as!r} (team.json), renamed to "
-            f"{self.team!r}: a team directory's name is its team"
-        )
-        back = f"Move it back to {self.path.parent / created_as}"
-        if self.signing and self.signing != signing:
-            raise TeamKeyMismatch(
-                f"{moved}, and a signed team's key fingerprint and signatures cover that name, so "
-                f"no key opens it under this one. {back}"
-            )
-        raise UsageError(
-            f"{moved}, and every envelope in it names {created_as!r}, so its owners would "
-            f"quarantine them all as 'wrong team'. {back}, or copy it under the new name with "
-            f"`teamrt export {self.path.parent / created_as} NEW_DIR`"
-        )
 
     def _update_roster_locked(self, add: Sequence[str], signing: str | None) -> None:
         """Add members under the roster lock (a cold path: a blocking flock is fine), after
@@ -295,12 +233,19 @@ class FileStore(Store):
         )
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            data = self._load_roster()
-            if not data:
-                data = self._new_roster(signing)
-            elif signing is not None:
-                self._check_not_renamed(data, signing)
-                check_key(self.team, self.signing, signing)
+            roster = self._load_roster()
+            if roster is None:
+                data = new_roster(
+                    self.team,
+                    segment_bytes=self.segment_bytes,
+                    max_envelope=self.max_envelope,
+                    signing=signing,
+                )
+            else:
+                data = roster.data
+                if signing is not None:
+                    check_not_renamed(self.path, roster, signing)
+                    check_key(self.team, self.signing, signing)
             members = list(self._roster)
             new = [m for m in dict.fromkeys(add) if m not in members]
             for name in new:  # a missing log of an existing member is damage, not recreated
@@ -433,210 +378,36 @@ class FileStore(Store):
         return reader
 
     async def watch(self, notify: Callable[[str], None], *, task_status: TaskStatus[None]) -> None:
-        if not inotify.available():
-            task_status.started()
-            return
-        self._notify = notify
-        try:
-            watcher = inotify.Inotify()
-        except OSError:  # out of inotify instances: fall back to polling
-            self.needs_polling = True
-            task_status.started()
-            return
-        self._inotify = watcher
-        try:
-            try:
-                watcher.add_watch(
-                    str(self.inboxes),
-                    inotify.IN_CREATE | inotify.IN_MOVED_TO,
-                    "",
-                    self._on_dir_event,
-                )
-            except OSError:  # out of watches: poll instead
-                self.needs_polling = True
-                task_status.started()
-                return
-            for name in list(self._watched):
-                self._watch_file(name)
-            task_status.started()
-            await dispatch_forever(watcher, self._on_overflow)
-        finally:
-            self._inotify = None
-            watcher.close()
+        await self.watcher.watch(notify, task_status=task_status)
 
     def watch_inbox(self, name: str) -> None:
-        self._watched.setdefault(name, -1)
-        if self._inotify is not None:
-            self._watch_file(name)
-
-    def _watch_file(self, name: str) -> None:
-        """Watch `name`'s active file; the watch of a file rotated away is removed (inotify
-        watches inodes, so it would otherwise stay until the process ends)."""
-        assert self._inotify is not None
-        assert self._notify is not None
-        paths = self.inbox_paths(name)
-        try:
-            # IN_ATTRIB: a deleted log is a change too (a reader that caught up skips its reads
-            # until something signals, and deleting a file writes nothing)
-            wd = self._inotify.add_watch(
-                str(paths.log), inotify.IN_MODIFY | inotify.IN_ATTRIB, name, self._notify
-            )
-        except OSError:
-            return  # no such file (damage): the reader reports it, the rescan retries
-        old = self._watched.get(name, -1)
-        if old >= 0 and old != wd:
-            self._inotify.rm_watch(old)
-        self._watched[name] = wd
-
-    def _on_dir_event(self, filename: str) -> None:
-        name, _, rest = filename.partition(".")
-        if rest == "jsonl" and name in self._watched and self._notify is not None:
-            self._watch_file(name)  # a new active file after rotation
-            self._notify(name)
-
-    def _on_overflow(self) -> None:
-        if self._notify is not None:
-            for name in self._watched:
-                self._notify(name)
+        self.watcher.watch_inbox(name)
 
     def changed_inboxes(self) -> set[str] | None:
-        """See `Store.changed_inboxes`. A second inotify instance watches the `inboxes/`
-        directory for writes to any file in it. It is never registered with the event loop, so
-        it wakes nobody: the rescan reads what it queued (one `read` that finds nothing when
-        nothing was written) and keeps the names of the active logs this process reads; after
-        an overflow it starts afresh. It is independent of the per-file watches that wake
-        receivers (another queue, no watch to move on rotation, no dispatch on the event loop),
-        so a notification those lose is still seen here.
-
-        Armed on first use only: a directory watch makes every write in `inboxes/` queue one
-        more event, so a process that reads few inboxes, whose rescan checks each of them, never
-        arms it."""
-        if self.needs_polling or self._changes_broken:
-            return None
-        watcher = self._changes
-        if watcher is None:
-            self._arm_changes()
-            return None  # what was written before it was armed is unknown
-        changed: set[str] = set()
-        while True:
-            try:
-                data = os.read(watcher.fd, 1 << 16)  # whole events only, as many as fit
-            except BlockingIOError:
-                break
-            except OSError:
-                data = _CHANGES_LOST
-            if _CHANGES_LOST in data or self._changes_gone in data:
-                # the queue overflowed (or the directory went): start with an empty one; the
-                # caller checks every waiting inbox this time
-                self._close_changes()
-                self._arm_changes()
-                return None
-            # each event is a 16-byte header whose last byte before the name is 0 (a length
-            # under 2**24), then the file name, NUL-padded: pick out the active logs' names
-            changed.update(m.decode() for m in _ACTIVE_LOG.findall(data))
-        return changed & self._watched.keys()
-
-    def _arm_changes(self) -> None:
-        try:
-            watcher = inotify.Inotify()
-        except OSError:  # out of inotify instances: the rescan checks every waiting inbox
-            self._changes_broken = True
-            return
-        try:
-            wd = watcher.add_watch(
-                str(self.inboxes),
-                inotify.IN_MODIFY | inotify.IN_MOVED_TO | inotify.IN_CREATE,
-                "",
-                lambda _: None,
-            )
-        except OSError:
-            watcher.close()
-            self._changes_broken = True
-            return
-        self._changes = watcher
-        self._changes_gone = struct.pack("=iI", wd, inotify.IN_IGNORED)
-
-    def _close_changes(self) -> None:
-        if self._changes is not None:
-            self._changes.close()
-            self._changes = None
+        """See `Store.changed_inboxes` and `InboxWatch.changed_inboxes`."""
+        return self.watcher.changed_inboxes()
 
     def watch_count(self) -> int:
         """Inotify watches this store holds (one per inbox it reads, plus the directory)."""
-        return 0 if self._inotify is None else self._inotify.count()
+        return self.watcher.count()
 
     # -- leases --
 
     async def _lock_member(self, name: str, holder: str) -> tuple[object, int]:
-        """An flock on `agents/<name>.lease`, held for as long as the member runs; the file
-        names the holder (pid and incarnation) for the error the next claimant sees. The flock
-        is its own fence (it dies with its process), so the fencing token is 0."""
+        """See `MemberLeases.lock`. The flock is its own fence (it dies with its process), so
+        the fencing token is 0."""
         validate_name(name)
         if name not in self._roster and name not in self.members(refresh=True):
             raise UnknownRecipient(f"no member {name!r} in team {self.team!r}")
-        try:
-            self.make_directory(self.agents)
-            check_directory(self.agents, shared_group=self.shared_group)
-            fd = open_file(
-                self.agents / f"{validate_name(name)}.lease",
-                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-                self.file_mode,
-            )
-            if self.shared_group:
-                os.fchmod(fd, self.file_mode)
-        except OSError as exc:
-            raise translate(exc, f"take {name}'s lease") from None
-        try:
-            lock_exclusive(fd)
-        except BlockingIOError:
-            current = read_lease(fd)[0]
-            os.close(fd)
-            raise MemberBusy(
-                f"member {name!r} of team {self.team!r} is already running ({current})"
-            ) from None
-        describe(fd, holder, self._heartbeat())
-        BUDGET.pin(1)  # held while the member runs: the budget leaves room for it
-        return fd, 0
-
-    def _heartbeat(self) -> str | None:
-        """This store object's heartbeat file (made with its first lease), by name; None if it
-        cannot be made (the lease file's own time is the heartbeat then)."""
-        if self._heartbeat_name is not None:
-            return self._heartbeat_name
-        name = f"{HEARTBEAT_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
-        try:
-            fd = os.open(
-                self.agents / name,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                self.file_mode,
-            )
-        except OSError:
-            return None
-        self._heartbeat_fd, self._heartbeat_name = fd, name
-        self._remove_old_heartbeats()
-        return name
-
-    def _remove_old_heartbeats(self) -> None:
-        """Heartbeat files of processes gone for a day (a killed process leaves its file)."""
-        cutoff = time.time() - _HEARTBEAT_FILES_KEPT
-        with contextlib.suppress(OSError), os.scandir(self.agents) as entries:
-            for entry in entries:
-                if entry.name.startswith(HEARTBEAT_PREFIX) and entry.is_file(follow_symlinks=False):
-                    with contextlib.suppress(OSError):
-                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                            os.unlink(entry.path)
+        return self.leases.lock(name, holder), 0
 
     async def _describe_holder(self, record: LeaseRecord, holder: str) -> None:
         assert isinstance(record.token, int)
-        describe(record.token, holder, self._heartbeat_name)
+        self.leases.describe(record.token, holder)
 
     async def _unlock_member(self, record: LeaseRecord) -> None:
-        fd = record.token
-        assert isinstance(fd, int)
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-        os.close(fd)  # closing drops the flock; the file stays
-        BUDGET.pin(-1)
+        assert isinstance(record.token, int)
+        self.leases.unlock(record.token)
 
     # -- blobs: the bodies of claim checks, blobs/<sha256> (see blobs.py) --
 
@@ -655,49 +426,10 @@ class FileStore(Store):
     async def ledger_update(
         self, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]
     ) -> dict[str, Any] | None:
-        path = self.path / "budget.json"
-        try:
-            lock_fd = os.open(
-                self.path / "budget.lock",
-                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-                self.file_mode,
-            )
-            try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a model call's worth of work: brief
-                current = self._ledger_read()
-                ledger = change(current)
-                if ledger is None:
-                    return current
-                data = (json.dumps(ledger, sort_keys=True) + "\n").encode()
-                replace_file(path, data, durable=False, mode=self.file_mode)
-                return ledger
-            finally:
-                os.close(lock_fd)
-        except OSError as exc:
-            raise translate(exc, "update the team's budget ledger") from None
+        return update_ledger(self.path, change, mode=self.file_mode)
 
     async def ledger_read(self) -> dict[str, Any] | None:
-        return self._ledger_read()
-
-    def _ledger_read(self) -> dict[str, Any] | None:
-        try:
-            fd = os.open(self.path / "budget.json", O_READ)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise translate(exc, "read the team's budget ledger") from None
-        try:
-            raw = os.read(fd, 1 << 16)
-        finally:
-            os.close(fd)
-        try:
-            ledger = json.loads(raw)
-        except ValueError:
-            raise StoreCorrupt(
-                f"{self.path / 'budget.json'}: the budget ledger is not JSON; delete it to start "
-                "a new one (the next team start does)"
-            ) from None
-        return ledger if isinstance(ledger, dict) else None
+        return read_ledger(self.path)
 
     # -- task records: tasks/, see tasks.py --
 
@@ -719,49 +451,19 @@ class FileStore(Store):
         never ran here."""
         if self.lease_held(name):
             return True
-        path = self.agents / f"{validate_name(name)}.lease"
-        try:
-            held = probe_lease(path)
-        except OSError:
-            return None
-        if held is None:
-            return False if path.exists() else None
-        return time.time() - held[1] < LEASE_STALE_AFTER
+        return self.leases.alive(name)
 
     async def renew_leases(self) -> None:
-        """Refresh this store object's heartbeat: one file whatever the number of leases held
-        (the lease files of leases taken without one, their own modification time,
-        `_RENEW_BATCH` at a time between which other tasks run)."""
-        table = self._lease_table()
-        if not table:
-            return
-        if self._heartbeat_fd >= 0:
-            with contextlib.suppress(OSError):  # a heartbeat must never fail a process
-                os.utime(self._heartbeat_fd)
-            return
-        for count, record in enumerate(list(table.values()), 1):
-            if table.get(record.name) is not record:
-                continue  # released meanwhile: its descriptor is closed, maybe reused
-            token = record.token
-            if isinstance(token, int):
-                try:  # noqa: SIM105 -- per lease held: suppress() would cost a third more
-                    os.utime(token)
-                except OSError:  # a heartbeat must never fail a process
-                    pass
-            if count % _RENEW_BATCH == 0:
-                await anyio.lowlevel.checkpoint()
+        """Refresh this store object's heartbeat (see `MemberLeases.renew`)."""
+        await self.leases.renew(self._lease_table())
 
     async def close(self) -> None:
         for appender in self._appenders.values():
             appender.close()
         self._appenders.clear()
-        if self._heartbeat_fd >= 0 and not self._lease_table():
-            os.close(self._heartbeat_fd)
-            with contextlib.suppress(OSError):
-                os.unlink(self.agents / str(self._heartbeat_name))
-            self._heartbeat_fd, self._heartbeat_name = -1, None
-        self._close_changes()
-        self._changes_broken = False
+        if not self._lease_table():
+            self.leases.close()
+        self.watcher.close()
 
     def statistics(self) -> dict[str, int]:
         """Torn tails this process sealed, per inbox it wrote to."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -12,9 +11,7 @@ from anyio.abc import TaskStatus
 from redis.exceptions import ResponseError
 
 from teamrt.errors import (
-    DurabilityError,
     EnvelopeTooLarge,
-    LeaseLost,
     MemberBusy,
     StoreCorrupt,
     StoreError,
@@ -23,7 +20,7 @@ from teamrt.errors import (
     UsageError,
 )
 from teamrt.mail.log import DEFAULT_MAX_LINE
-from teamrt.mail.redisstore import leases, scripts
+from teamrt.mail.redisstore import leases, ledger, replies, scripts, tasks
 from teamrt.mail.redisstore.client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_SOCKET_TIMEOUT,
@@ -48,7 +45,6 @@ from teamrt.names import validate_name
 
 #: The layout version written in a team's meta hash; a newer one is refused.
 FORMAT = 1
-_LEDGER_TRIES = 100
 
 
 class RedisStore(Store):
@@ -149,27 +145,14 @@ class RedisStore(Store):
 
     # -- errors --
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Refuse to go on before `open()`."""
         if not self.epoch:
             raise UsageError(f"the Redis store of team {self.team!r} is not open: open() it first")
 
     def epoch_error(self, found: str | None) -> StoreCorrupt:
         """The error for a team whose epoch is not the one this object opened."""
-        if found is None or found == "-":
-            return StoreCorrupt(
-                f"team {self.team!r} is gone from Redis at {self.shown}: the data this process "
-                f"opened (epoch {self.epoch}) was lost, most likely because redis-server "
-                "restarted without its append-only file (appendonly yes) or the database was "
-                "flushed. Refusing to go on: its inboxes would start again at seq 0 and cursors "
-                "would skip new mail. Restore the server's data (its AOF or RDB file), or stop "
-                "every process of the team and start it again as a new team"
-            )
-        return StoreCorrupt(
-            f"team {self.team!r} at {self.shown} was created again (epoch {found}; this process "
-            f"opened epoch {self.epoch}): the data this process opened was lost. Refusing to go "
-            "on with positions and cursors of the lost team; stop this process and start it "
-            "again to join the new team"
-        )
+        return replies.epoch_error(self, found)
 
     def check_epoch(self, found: object) -> None:
         """Raise `StoreCorrupt` unless `found` (a reply to `HGET meta epoch`) is our epoch."""
@@ -189,40 +172,14 @@ class RedisStore(Store):
         self, exc: ResponseError, name: str, what: str = "", record: LeaseRecord | None = None
     ) -> TeamrtError:
         """A script's error reply as teamrt's error."""
-        code, _, detail = str(exc).partition(" ")
-        if code == "TEAMRT_EPOCH":
-            return self.epoch_error(detail or None)
-        if code == "TEAMRT_UNKNOWN":
-            return self.unknown_recipient(name)
-        if code == "TEAMRT_LEASE":
-            holder = detail.partition(" ")[2] if detail != "-" else ""
-            if record is not None:
-                self.mark_lease_lost(record)
-            fence = f" (fence {record.fence})" if record is not None else ""
-            now = f"{holder} holds it now" if holder else "it expired and was taken since"
-            return LeaseLost(
-                f"{name}'s lease in team {self.team!r} was lost by this process{fence}: {now}. "
-                "Its cursor commit is refused; this incarnation must stop"
-            )
-        if code == "TEAMRT_NOTEAM":
-            return StoreError(
-                f"no team {self.team!r} at {self.shown} (create it first, e.g. by starting the "
-                "team, or pass create=True)"
-            )
-        if code == "TEAMRT_FOREIGN" or "XADD is equal or smaller" in str(exc):
-            return StoreCorrupt(
-                f"{detail or name}'s inbox in team {self.team!r} at {self.shown} has an entry "
-                "that teamrt did not write (another program added to the stream); nothing was "
-                "appended. Export the team (teamrt export) and remove the foreign entry"
-            )
-        return self.client.refused(exc, what or "run a script")
+        return replies.script_error(self, exc, name, what, record)
 
     # -- the team --
 
     async def open(self, members: Sequence[str], *, signing: str | None = None) -> None:
         names = [validate_name(name) for name in members]
         if self.durability == "fsync":
-            await self._check_durability()
+            await replies.check_durability(self)
         await self._open(names, create=self.create, signing=signing)
 
     async def _open(
@@ -265,33 +222,6 @@ class RedisStore(Store):
         self.lease_ttl_ms = int(lease_ttl_ms)
         self.signing = None if recorded is None else recorded.decode()
         self._roster = tuple(name.decode() for name in roster)
-
-    async def _check_durability(self) -> None:
-        what = "check the server's persistence (CONFIG GET appendonly, appendfsync)"
-        replies = await self.client.pipeline(
-            [("CONFIG", "GET", "appendonly"), ("CONFIG", "GET", "appendfsync")],
-            what,
-            change=False,
-        )
-        advice = (
-            "set `appendonly yes` and `appendfsync always` in redis.conf (or with CONFIG SET), "
-            "or use durability='none', which promises what the server's own settings do"
-        )
-        for reply in replies:
-            if isinstance(reply, ResponseError):
-                raise DurabilityError(
-                    f"durability='fsync' needs Redis at {self.locator.address} to run with "
-                    f"appendonly yes and appendfsync always, and it refused CONFIG GET to check "
-                    f"({reply}); let this client run CONFIG GET, or {advice}"
-                )
-        settings = {bytes(r[0]).decode(): bytes(r[1]).decode() for r in replies if len(r) == 2}
-        if settings.get("appendonly") != "yes" or settings.get("appendfsync") != "always":
-            raise DurabilityError(
-                f"durability='fsync' needs Redis at {self.locator.address} to run with "
-                f"appendonly yes and appendfsync always; it has appendonly "
-                f"{settings.get('appendonly', '?')} and appendfsync "
-                f"{settings.get('appendfsync', '?')}: {advice}"
-            )
 
     async def close(self) -> None:
         """Close this object's connections (its leases are released by their holders)."""
@@ -339,7 +269,7 @@ class RedisStore(Store):
             if int(reply[0]) == 1:
                 self.epoch = ""
                 self._roster = ()
-                await self._delete_task_records(what)
+                await tasks.delete_all(self, what)
                 return
             if int(reply[0]) == 2:
                 holder = reply[2].decode(errors="replace").partition(" ")[2]
@@ -354,7 +284,7 @@ class RedisStore(Store):
         return self._roster
 
     async def members_now(self) -> tuple[str, ...]:
-        self._check_open()
+        self.check_open()
         replies = await self.client.pipeline(
             [("HGET", self.keys.meta, "epoch"), ("LRANGE", self.keys.members, 0, -1)],
             "read the roster",
@@ -366,7 +296,7 @@ class RedisStore(Store):
 
     async def add_member(self, name: str) -> None:
         validate_name(name)
-        self._check_open()
+        self.check_open()
         await self._open([name], create=False)
 
     # -- appending --
@@ -378,7 +308,7 @@ class RedisStore(Store):
         if not encoded:
             return -1
         validate_name(recipient, what="recipient")
-        self._check_open()
+        self.check_open()
         for item in encoded:
             if len(item) > self.max_envelope:
                 raise EnvelopeTooLarge(
@@ -400,7 +330,7 @@ class RedisStore(Store):
         return int(first)
 
     async def append_broadcast(self, sender: str, encoded: bytes) -> tuple[str, ...]:
-        self._check_open()
+        self.check_open()
         if len(encoded) > self.max_envelope:
             raise EnvelopeTooLarge(
                 f"an encoded broadcast of {len(encoded)} bytes is over the team's limit of "
@@ -434,7 +364,7 @@ class RedisStore(Store):
         return RedisReader(self, validate_name(name))
 
     async def tail_reader(self, name: str) -> RedisReader:
-        self._check_open()
+        self.check_open()
         reader = RedisReader(self, validate_name(name), tail=True)
         await reader.start()
         return reader
@@ -457,116 +387,22 @@ class RedisStore(Store):
             connect_timeout=self.client.connect_timeout,
         )
 
-    # -- task records: task:<id> and task:<id>:outcome, each set once (SET NX) --
+    # -- task records (tasks.py) and the budget ledger (ledger.py) --
 
     async def task_record_create(self, id_: str, record: dict[str, Any]) -> dict[str, Any]:
-        self._check_open()
-        key = self.keys.task(id_)
-        replies = await self.client.pipeline(
-            [
-                ("SET", key, json.dumps(record, sort_keys=True), "NX"),
-                ("GET", key),
-                ("GET", key + ":outcome"),
-            ],
-            f"write the task record of request {id_}",
-        )
-        return self._task_record(id_, replies[1], replies[2])
+        return await tasks.create(self, id_, record)
 
     async def task_record_settle(self, id_: str, outcome: dict[str, Any]) -> dict[str, Any] | None:
-        self._check_open()
-        key = self.keys.task(id_)
-        current = await self.client.call("GET", key, what=f"read the task record of {id_}")
-        if current is None:
-            return None
-        replies = await self.client.pipeline(
-            [
-                ("SET", key + ":outcome", json.dumps(outcome, sort_keys=True), "NX"),
-                ("GET", key + ":outcome"),
-            ],
-            f"settle the task record of request {id_}",
-        )
-        return self._task_record(id_, current, replies[1])
-
-    async def _delete_task_records(self, what: str) -> None:
-        """Delete the team's task records (after `destroy`: a team made again under the name
-        must not return the old team's outcomes)."""
-        cursor: Any = b"0"
-        while True:
-            cursor, found = await self.client.call(
-                "SCAN", cursor, "MATCH", self.keys.task("*"), "COUNT", 1000, what=what
-            )
-            if found:
-                await self.client.call("DEL", *found, what=what)
-            if cursor in (b"0", 0, "0"):
-                return
-
-    def _task_record(self, id_: str, raw: Any, outcome: Any) -> dict[str, Any]:
-        try:
-            record = json.loads(raw)
-            if outcome is not None:
-                record["outcome"] = json.loads(outcome)
-        except (TypeError, ValueError):
-            record = None
-        if not isinstance(record, dict):
-            raise StoreCorrupt(
-                f"the task record of request {id_} in team {self.team!r} at {self.shown} is "
-                f"not a JSON object; delete the key {self.keys.task(id_)}"
-            )
-        return record
-
-    # -- the budget ledger --
-
-    async def _ledger_fetch(self) -> tuple[str, dict[str, Any] | None]:
-        self._check_open()
-        replies = await self.client.pipeline(
-            [("HGET", self.keys.meta, "epoch"), ("HMGET", self.keys.ledger, "v", "d")],
-            "read the team's budget ledger",
-            change=False,
-        )
-        self.check_epoch(replies[0])
-        version, data = replies[1]
-        if data is None:
-            return "0", None
-        try:
-            ledger = json.loads(data)
-        except ValueError:
-            ledger = None
-        if not isinstance(ledger, dict):
-            raise StoreCorrupt(
-                f"the budget ledger of team {self.team!r} at {self.shown} is not a JSON "
-                f"object; delete the key {self.keys.ledger} to start a new one"
-            )
-        return (version or b"0").decode(), ledger
+        return await tasks.settle(self, id_, outcome)
 
     async def ledger_read(self) -> dict[str, Any] | None:
-        return (await self._ledger_fetch())[1]
+        return (await ledger.fetch(self))[1]
 
     async def ledger_update(
         self, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]
     ) -> dict[str, Any] | None:
-        """Apply `change` with optimistic concurrency: read the ledger and its version, and
-        replace it by a script only if the version did not move meanwhile (else again)."""
-        for _ in range(_LEDGER_TRIES):
-            version, current = await self._ledger_fetch()
-            ledger = change(current)
-            if ledger is None:
-                return current
-            data = json.dumps(ledger, sort_keys=True)
-            try:
-                done = await self.client.script(
-                    scripts.LEDGER,
-                    [self.keys.meta, self.keys.ledger],
-                    [self.epoch, version, data],
-                    "update the team's budget ledger",
-                )
-            except ResponseError as exc:
-                raise self.script_error(exc, "", "update the team's budget ledger") from None
-            if int(done) == 1:
-                return dict(ledger)
-        raise StoreError(
-            f"the budget ledger of team {self.team!r} kept changing under this process "
-            f"({_LEDGER_TRIES} tries); nothing was changed"
-        )
+        """See `ledger.update`."""
+        return await ledger.update(self, change)
 
     # -- leases and liveness (leases.py) --
 
@@ -578,7 +414,7 @@ class RedisStore(Store):
         return leases.holder_text(record.holders[-1] if record.holders else "")
 
     async def _lock_member(self, name: str, holder: str) -> tuple[object, int]:
-        self._check_open()
+        self.check_open()
         token, fence = await leases.lock_member(self, name, holder)
         self._fences[name] = fence
         return token, fence

@@ -41,8 +41,8 @@ async def _until(condition: Callable[[], bool]) -> None:
 def _lose_notifications(mail: FileMailboxes, name: str) -> None:
     """Drop this process's file notifications for `name`'s inbox, as if they were lost."""
     store = _store(mail)
-    assert store._inotify is not None
-    store._inotify.rm_watch(store._watched[name])
+    assert store.watcher.inotify is not None
+    store.watcher.inotify.rm_watch(store.watcher.watched[name])
 
 
 async def _receive_after_a_foreign_send(
@@ -71,7 +71,7 @@ async def test_a_lost_notification_is_noticed_among_many_inboxes(tmp_path: Path,
     async with FileMailboxes(team, members=NAMES, rescan_interval=0.05) as mail:
         for name in NAMES:
             mail.inbox(name)
-        await _until(lambda: _store(mail)._changes is not None)  # the tracking is armed
+        await _until(lambda: _store(mail).watcher.changes is not None)  # the tracking is armed
         _lose_notifications(mail, "m07")
         envelope = await _receive_after_a_foreign_send(mail, team, "m07", timeout=20)
         assert envelope is not None and envelope.body == "are you there?"
@@ -96,7 +96,7 @@ async def test_a_lost_notification_after_a_rotation_is_noticed(tmp_path: Path, f
     async with FileMailboxes(team, members=NAMES, rescan_interval=0.05, segment_bytes=1000) as mail:
         for name in NAMES:
             mail.inbox(name)
-        await _until(lambda: _store(mail)._changes is not None)
+        await _until(lambda: _store(mail).watcher.changes is not None)
         async with FileMailboxes(team) as other:
             for _ in range(10):  # past the segment size: the log rotates
                 await other.send(Envelope.message("m00", "m07", "x" * 200))
