@@ -24,7 +24,7 @@ class TeamContext:
     prices: dict[str, tuple[float, float]]  # every member's; a teammate's own win
     budget: TeamBudget | None
     started: float  # when the team started (wall clock): older shutdowns are not for it
-    shutdown_deadline: float
+    shutdown_deadline: Callable[[], float]  # the team's, read when used: it may be changed
     pick: Callable[[str], str]  # a pool's role to its least busy replica
     waiting: Callable[[str, str], AbstractContextManager[None]]  # see `Team.waiting`
     enforce_deadline: Callable[[str, Request], None]  # see `Team.enforce_deadline`

@@ -461,7 +461,7 @@ class Runner:
         close = getattr(model, "aclose", None)  # a shared model instance is its owner's to close
         if close is not None:
             # a client that cannot close is its own teammate's problem: logged, bounded in time
-            with anyio.move_on_after(min(2.0, self.context.shutdown_deadline), shield=True):
+            with anyio.move_on_after(min(2.0, self.context.shutdown_deadline()), shield=True):
                 try:
                     await close()
                 except Exception as exc:

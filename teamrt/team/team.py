@@ -383,7 +383,7 @@ class Team:
             prices=self.prices,
             budget=self.budget,
             started=self.started,
-            shutdown_deadline=self.shutdown_deadline,
+            shutdown_deadline=lambda: self.shutdown_deadline,
             pick=self.pick,
             waiting=self.waiting,
             enforce_deadline=self.enforce_deadline,

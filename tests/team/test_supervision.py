@@ -252,3 +252,39 @@ async def test_a_crash_and_a_cancellation_are_recorded_in_the_agents_journal(
     lines = [json.loads(x) for x in (agents / "w.state.jsonl").read_text().splitlines()]
     assert "cancel" in kinds
     assert any(r["t"] == "cancel" and "shutdown deadline" in r["detail"] for r in lines)
+
+
+class _SlowToClose:
+    """A factory-made model whose client takes long to close."""
+
+    name = "slow-close"
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> ModelReply:
+        return ModelReply(text="ok")
+
+    async def aclose(self) -> None:
+        await anyio.sleep(60)
+
+
+async def test_a_model_clients_close_is_bounded_by_the_shutdown_deadline_set_after_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`team.shutdown_deadline` changed while the team runs bounds what it bounds from then on,
+    including the close of a teammate's model client at the end of its incarnation."""
+    bounds: list[float] = []
+    move_on_after = anyio.move_on_after
+
+    def recording(delay: float, *, shield: bool = False) -> anyio.CancelScope:
+        if shield:  # what must finish even while the team is cancelled: the client's close
+            bounds.append(delay)
+        return move_on_after(delay, shield=shield)
+
+    async with MemoryMailboxes() as mail:
+        team = Team(mail, [Teammate("a", lambda: _SlowToClose())], shutdown_deadline=5.0)
+        async with team:
+            assert (await team.ask("a", "hi", timeout=5)).answer == "ok"
+            team.shutdown_deadline = 0.2
+            monkeypatch.setattr(anyio, "move_on_after", recording)
+    assert 0.2 in bounds, bounds
