@@ -72,6 +72,7 @@ class Supervisor:
         self._runners: dict[str, Runner] = {}  # the current incarnation of each member
         self._carried: dict[str, AgentState | None] = {}  # conversations, without a journal
         self._stopping = False
+        self._late: list[str] = []  # members a shutdown cancelled at its deadline
 
     # -- one teammate's life --
 
@@ -275,8 +276,9 @@ class Supervisor:
         if self._running:
             with anyio.move_on_after(deadline):
                 await self._all_done.wait()
-        for name in list(self._scopes):
-            self._cancel_late(name, "%s did not stop by the shutdown deadline: cancelled")
+        self._late += [name for name in list(self._scopes) if self._cancel_late(name)]
+        if self._late:
+            log.warning("%s", _late_summary(self._late))
 
     async def _ask_to_stop(self, member: str, incarnation: str | None, deadline: float) -> None:
         body = ShutdownBody(incarnation=incarnation, reason="team shutdown")
@@ -284,16 +286,17 @@ class Supervisor:
             Envelope.request(self.lead, member, body, type=SHUTDOWN, timeout=deadline)
         )
 
-    def _cancel_late(self, member: str, message: str) -> None:
-        """Cancel `member` if it is still running past a shutdown deadline."""
+    def _cancel_late(self, member: str) -> bool:
+        """Cancel `member` if it is still running past a shutdown deadline; True if this did
+        (False: it had stopped, or was cancelled already)."""
         status, scope = self.status[member], self._scopes.get(member)
-        if scope is None or status.state in ("stopped", "crashed"):
-            return
+        if scope is None or scope.cancel_called or status.state in ("stopped", "crashed"):
+            return False
         status.last = "cancelled at the shutdown deadline"
-        log.warning(message, member)
         if (runner := self._runners.get(member)) is not None:
             runner.record("cancel", status.last)
         scope.cancel()
+        return True
 
     def enforce_deadline(self, member: str, shutdown: Request) -> None:
         """A teammate accepted `shutdown`: if it has not stopped by the request's deadline,
@@ -304,12 +307,26 @@ class Supervisor:
 
     async def _cancel_at(self, member: str, deadline: float) -> None:
         await anyio.sleep(max(0.0, deadline - time.time()))
-        self._cancel_late(member, "%s did not stop by its shutdown deadline: cancelled")
+        if not self._cancel_late(member):
+            return
+        if self._stopping:  # the team's shutdown names everyone it cancelled, in one warning
+            self._late.append(member)
+        else:
+            log.warning("%s did not stop by its shutdown deadline: cancelled", member)
 
     async def wait(self) -> None:
         """Return once every teammate has stopped (or crashed for good)."""
         if self._running:
             await self._all_done.wait()
+
+
+def _late_summary(late: list[str], shown: int = 10) -> str:
+    """One line for every member a shutdown cancelled at its deadline (a big team's shutdown
+    may cancel hundreds: the first few are named)."""
+    named = ", ".join(repr(name) for name in late[:shown])
+    more = f" and {len(late) - shown} more" if len(late) > shown else ""
+    teammates = "teammate" if len(late) == 1 else "teammates"
+    return f"{len(late)} {teammates} did not stop by the shutdown deadline: cancelled {named}{more}"
 
 
 def _stopped_by(runner: Runner, outage: StoreOutage) -> None:

@@ -3,6 +3,7 @@ model call or a tool is running (threads abandoned, worker processes killed)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -288,3 +289,32 @@ async def test_a_model_clients_close_is_bounded_by_the_shutdown_deadline_set_aft
             team.shutdown_deadline = 0.2
             monkeypatch.setattr(anyio, "move_on_after", recording)
     assert 0.2 in bounds, bounds
+
+
+async def test_members_that_miss_the_shutdown_deadline_are_named_in_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A shutdown that cancels many teammates says so once, naming them, not once per member
+    (nor twice: by the team's sweep and by each member's own shutdown timer)."""
+    names = ["a", "b", "c"]
+    thinking: set[str] = set()
+    all_thinking = anyio.Event()
+
+    async def slow(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        thinking.add(_newest(messages))
+        if len(thinking) == len(names):
+            all_thinking.set()
+        await anyio.sleep(30)
+        return "too late"
+
+    async with MemoryMailboxes() as mail:
+        team = Team(mail, [Teammate(n, FunctionModel(slow)) for n in names], shutdown_deadline=0.2)
+        with caplog.at_level(logging.WARNING, logger="teamrt"), anyio.fail_after(10):
+            async with team:
+                for n in names:
+                    await mail.send(Envelope.request("lead", n, f"think {n}", type="task"))
+                await all_thinking.wait()
+    late = [r.getMessage() for r in caplog.records if "shutdown deadline" in r.getMessage()]
+    assert len(late) == 1, late
+    assert all(repr(n) in late[0] for n in names) and late[0].startswith("3 teammates"), late
+    assert {team.status[n].last for n in names} == {"cancelled at the shutdown deadline"}
