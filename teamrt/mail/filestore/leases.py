@@ -1,5 +1,5 @@
 """Member lease files on disk, read and written without a store object: who holds a member's
-lease, its holder line and heartbeat, and the signing a team's roster records.
+lease, its holder line and heartbeat.
 
 `FileStore` takes and renews leases with these; `FileView` and tools (which hold no lease) ask
 them who runs a member. A lease is `agents/<name>.lease`, flocked by its holder for as long as it
@@ -13,7 +13,6 @@ import fcntl
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from teamrt.mail.filestore.fileio import O_READ
 
@@ -84,17 +83,3 @@ def describe(fd: int, holder: str, heartbeat: str | None = None) -> None:
     with contextlib.suppress(OSError):  # only a description: a full disk must not stop us
         os.ftruncate(fd, 0)
         os.pwrite(fd, text.encode(), 0)
-
-
-def recorded_signing(roster: dict[str, Any]) -> str | None:
-    """team.json's `signed` and `key_fingerprint` as `Store.signing` (None: not recorded)."""
-    signed, recorded = roster.get("signed"), roster.get("key_fingerprint")
-    if signed is None:
-        return None
-    if signed is False:
-        return ""
-    if signed is not True or not isinstance(recorded, str) or not recorded:
-        raise ValueError(
-            "'signed' must be true or false, and a signed team's key_fingerprint a string"
-        )
-    return recorded

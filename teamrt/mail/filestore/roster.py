@@ -16,7 +16,6 @@ from typing import Any
 
 from teamrt.errors import StoreError, TeamKeyMismatch, UsageError
 from teamrt.mail.filestore.fileio import O_READ, translate
-from teamrt.mail.filestore.leases import recorded_signing
 from teamrt.names import validate_name
 
 ROSTER_FORMAT = 1
@@ -32,6 +31,20 @@ class Roster:
     max_envelope: int
     signing: str | None
     data: dict[str, Any]
+
+
+def recorded_signing(roster: dict[str, Any]) -> str | None:
+    """team.json's `signed` and `key_fingerprint` as `Store.signing` (None: not recorded)."""
+    signed, recorded = roster.get("signed"), roster.get("key_fingerprint")
+    if signed is None:
+        return None
+    if signed is False:
+        return ""
+    if signed is not True or not isinstance(recorded, str) or not recorded:
+        raise ValueError(
+            "'signed' must be true or false, and a signed team's key_fingerprint a string"
+        )
+    return recorded
 
 
 def read_roster(path: Path) -> tuple[int, bytes] | None:

@@ -27,9 +27,10 @@ from teamrt.errors import StoreCorrupt, StoreError, UnknownRecipient
 from teamrt.mail.filestore.blobs import read_blob
 from teamrt.mail.filestore.fileio import O_READ
 from teamrt.mail.filestore.framing import LineSplitter
-from teamrt.mail.filestore.leases import lease_holder, recorded_signing
+from teamrt.mail.filestore.leases import lease_holder
 from teamrt.mail.filestore.paths import InboxPaths
 from teamrt.mail.filestore.reader import read_cursor
+from teamrt.mail.filestore.roster import recorded_signing
 from teamrt.mail.log import Cursor, Entry, Position
 from teamrt.mail.store import TeamView
 from teamrt.names import validate_name
